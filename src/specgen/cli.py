@@ -1,0 +1,58 @@
+"""The `specgen` command line: one subcommand per module in `specgen.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand name -> module under specgen.commands. Each module defines
+# `add_parser(subparsers)` (which sets `func`) and keeps heavy imports inside its handler.
+COMMANDS = [
+    "tokenize",
+    "sim",
+    "run",
+    "stop",
+    "status",
+    "preview",
+    "export",
+    "verify",
+    "report",
+    "merge",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="specgen",
+        description="Turn prompt datasets into exact-token training data for drafters.",
+    )
+    parser.add_argument("--version", action="version", version=f"specgen {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f".commands.{name}", __package__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.commands.{name}":
+                raise
+            continue  # command not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""What the client hands to the rest of the pipeline: one answer, or one classified error.
+
+Streaming and non-streaming answers end up in the same `ChatResponse`, so the normaliser and
+the engine never care how the bytes arrived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(slots=True)
+class RawToolCall:
+    """A tool call as the API returned it (id and arguments possibly rewritten by a server)."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
+class ChatResponse:
+    """One completed answer, stream or not, before any normalisation."""
+
+    content: str | None
+    reasoning: str | None  # from `reasoning` or `reasoning_content`, whichever came
+    reasoning_field: str | None  # which of the two field names carried it
+    tool_calls: list[RawToolCall]
+    finish_reason: str | None
+    native_finish_reason: str | None
+    provider: str | None
+    model: str | None
+    id: str | None  # generation id (OpenRouter: usable with GET /generation)
+    usage: dict[str, Any] = field(default_factory=dict)  # as returned (prompt/completion/cost...)
+    # True ids when the backend returns them (vLLM/SGLang `return_token_ids`, the simulator).
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    base_url: str | None = None
+    started_at: float = 0.0
+    first_byte_at: float | None = None
+    ended_at: float = 0.0
+    stream: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.usage.get("prompt_tokens") or 0)
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(self.usage.get("completion_tokens") or 0)
+
+    @property
+    def cost_usd(self) -> float | None:
+        cost = self.usage.get("cost")
+        return float(cost) if isinstance(cost, int | float) else None
+
+
+ErrorClass = Literal[
+    # retryable
+    "rate_limit",  # 429
+    "overloaded",  # 503 / 529
+    "server",  # other 5xx
+    "timeout",  # 408, connect/first-byte/idle/total timeouts
+    "connection",  # reset, refused, EOF mid-body
+    "error_in_body",  # HTTP 200 with an error object or choices[0].error
+    "stream_error",  # a mid-stream error chunk
+    "invalid_response",  # malformed JSON / missing fields
+    # fatal for the request
+    "bad_request",  # 400
+    "moderation",  # 403
+    # fatal for the run
+    "auth",  # 401
+    "credits",  # 402
+    "no_endpoints",  # 404 with availability
+]
+
+RETRYABLE: frozenset[str] = frozenset(
+    {"rate_limit", "overloaded", "server", "timeout", "connection", "error_in_body",
+     "stream_error", "invalid_response"}
+)
+FATAL_FOR_RUN: frozenset[str] = frozenset({"auth", "credits", "no_endpoints"})
+
+
+class ApiError(Exception):
+    """A failed request, classified. `retry_after` is seconds from a Retry-After header."""
+
+    def __init__(
+        self,
+        kind: ErrorClass,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        provider: str | None = None,
+        body: Any = None,
+        usage: dict[str, Any] | None = None,
+        base_url: str | None = None,
+    ):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+        self.provider = provider
+        self.body = body
+        self.usage = usage or {}  # a failed-but-billed attempt still reports its cost
+        self.base_url = base_url
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+    @property
+    def fatal_for_run(self) -> bool:
+        return self.kind in FATAL_FOR_RUN
+
+    def __str__(self) -> str:
+        status = f" HTTP {self.status}" if self.status else ""
+        return f"{self.kind}{status}: {self.message}"

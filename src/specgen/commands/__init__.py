@@ -1,0 +1,1 @@
+"""One module per `specgen` subcommand (see specgen.cli.COMMANDS)."""

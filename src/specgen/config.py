@@ -1,0 +1,376 @@
+"""Run configuration: one TOML file, validated into typed dataclasses with clear errors.
+
+Relative paths (run_dir, dataset paths, a sim config) are resolved against the directory of the
+config file, so a config and its data can move together. docs/config.md documents every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the file and the key."""
+
+
+PROVIDER_KEYS = {
+    "order", "only", "ignore", "quantizations", "allow_fallbacks", "require_parameters",
+    "data_collection", "sort", "max_price", "zdr", "enforce_distillable_text",
+}
+QUANTIZATIONS = {
+    "int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32",
+    "unknown",
+}
+
+
+@dataclass
+class TargetConfig:
+    model: str
+    tokenizer: str
+    renderer: str = ""  # default chosen from the model name, see default_renderer()
+
+
+@dataclass
+class EndpointConfig:
+    base_url: list[str]
+    api_key_env: str | None = "OPENROUTER_API_KEY"
+    concurrency: int = 256
+    stream: bool = True
+    provider: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    connect_timeout: float = 10.0
+    first_byte_timeout: float = 300.0
+    idle_timeout: float = 120.0
+    total_timeout: float = 3600.0
+    max_attempts: int = 6
+    adaptive_concurrency: bool = True
+    min_concurrency: int = 4
+    return_token_ids: bool = False  # ask vLLM/SGLang/sim for the true prompt+completion ids
+
+    @property
+    def is_sim(self) -> bool:
+        return self.base_url == ["sim"]
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float | None = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int = 16384
+    reasoning: bool | dict[str, Any] = True
+    seed: int | None = None
+    stop: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # merged into the request body
+
+    @property
+    def thinking(self) -> bool:
+        if isinstance(self.reasoning, dict):
+            return bool(self.reasoning.get("enabled", True)) and not self.reasoning.get(
+                "effort"
+            ) == "none"
+        return bool(self.reasoning)
+
+
+@dataclass
+class BudgetConfig:
+    max_cost_usd: float | None = None
+    # USD per million tokens; override (or stand in for) the prices the endpoint list gives.
+    prompt_price_per_m: float | None = None
+    completion_price_per_m: float | None = None
+
+
+@dataclass
+class DatasetConfig:
+    name: str
+    path: Path
+    format: str = "auto"
+    max_tokens: int | None = None
+    token_budget: int | None = None
+    limit: int | None = None
+    turns: Literal["last", "all", "first"] = "last"
+    skip_invalid: bool = False
+    on_length: Literal["drop", "keep"] = "drop"
+    split: str | None = None  # for HF datasets folders with several splits
+    weight: float | None = None
+
+
+@dataclass
+class SimSection:
+    config: Path | None = None
+    seed: int = 0
+
+
+@dataclass
+class RunConfig:
+    run_dir: Path
+    target: TargetConfig
+    endpoint: EndpointConfig
+    datasets: list[DatasetConfig]
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    sim: SimSection = field(default_factory=SimSection)
+    source: Path | None = None  # the TOML file this came from
+
+    def dataset(self, name: str) -> DatasetConfig:
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def max_tokens_for(self, ds: DatasetConfig) -> int:
+        return ds.max_tokens if ds.max_tokens is not None else self.sampling.max_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form (paths as strings). Holds no secrets: keys live in the environment."""
+        return _jsonable(dataclasses.asdict(self))
+
+    def result_hash(self) -> str:
+        """Hash of everything that changes what a task's result would be.
+
+        Budgets, limits, concurrency and timeouts are left out: changing them continues a run.
+        """
+        data = self.to_json()
+        keep = {
+            "target": data["target"],
+            "sampling": data["sampling"],
+            "endpoint": {
+                k: data["endpoint"][k] for k in ("provider", "stream", "return_token_ids")
+            },
+            "datasets": [
+                {k: d[k] for k in ("name", "path", "format", "max_tokens", "turns", "on_length", "split")}
+                for d in data["datasets"]
+            ],
+        }
+        return hashlib.sha256(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def default_renderer(model: str) -> str:
+    m = model.lower()
+    if "k2.5" in m or "k2-5" in m or "k2.6" in m:
+        return "kimi-k2.5"
+    if "k2-thinking" in m:
+        return "kimi-k2-thinking"
+    if "kimi-k2" in m:
+        return "kimi-k2-instruct"
+    return "hf"
+
+
+def load_config(path: str | os.PathLike[str]) -> RunConfig:
+    """Read and validate a run config TOML file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
+    base = path.parent
+    where = str(path)
+    raw = dict(raw)
+    datasets_raw = raw.pop("dataset", None)
+    if not datasets_raw:
+        raise ConfigError(f"{where}: no [[dataset]] tables; a run needs at least one dataset")
+    if not isinstance(datasets_raw, list):
+        raise ConfigError(f"{where}: 'dataset' must be an array of tables ([[dataset]])")
+    for key in ("target", "endpoint"):
+        if key not in raw:
+            raise ConfigError(f"{where}: missing required table [{key}]")
+
+    endpoint_raw = dict(_table(raw.get("endpoint"), "endpoint", where))
+    base_url = endpoint_raw.get("base_url")
+    if isinstance(base_url, str):
+        endpoint_raw["base_url"] = [base_url]
+    provider = endpoint_raw.get("provider", {})
+    _check_provider(provider, where)
+
+    cfg = RunConfig(
+        run_dir=_resolve(base, _require(raw, "run_dir", str, where)),
+        target=_build(TargetConfig, raw.get("target"), "target", where),
+        endpoint=_build(EndpointConfig, endpoint_raw, "endpoint", where),
+        sampling=_build(SamplingConfig, raw.get("sampling", {}), "sampling", where),
+        budget=_build(BudgetConfig, raw.get("budget", {}), "budget", where),
+        sim=_build(SimSection, raw.get("sim", {}), "sim", where),
+        datasets=[
+            _build(DatasetConfig, d, f"dataset[{i}]", where) for i, d in enumerate(datasets_raw)
+        ],
+        source=path,
+    )
+    unknown = set(raw) - {"run_dir", "target", "endpoint", "sampling", "budget", "sim"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown top-level key(s): {', '.join(sorted(unknown))}")
+
+    if not cfg.target.renderer:
+        cfg.target.renderer = default_renderer(cfg.target.model)
+    if cfg.target.tokenizer != "demo" and not _looks_remote(cfg.target.tokenizer):
+        cfg.target.tokenizer = str(_resolve(base, cfg.target.tokenizer))
+    if not cfg.endpoint.base_url:
+        raise ConfigError(f"{where}: endpoint.base_url must not be empty")
+    if cfg.endpoint.concurrency < 1:
+        raise ConfigError(f"{where}: endpoint.concurrency must be >= 1")
+    if cfg.endpoint.max_attempts < 1:
+        raise ConfigError(f"{where}: endpoint.max_attempts must be >= 1")
+    if cfg.sampling.max_tokens < 1:
+        raise ConfigError(f"{where}: sampling.max_tokens must be >= 1")
+    if cfg.sim.config is not None:
+        cfg.sim.config = _resolve(base, cfg.sim.config)
+    names = set()
+    for i, ds in enumerate(cfg.datasets):
+        label = f"{where}: dataset[{i}] ({ds.name!r})"
+        if ds.name in names:
+            raise ConfigError(f"{label}: duplicate dataset name")
+        names.add(ds.name)
+        ds.path = _resolve(base, ds.path)
+        if not ds.path.exists():
+            raise ConfigError(f"{label}: path {str(ds.path)!r} does not exist")
+        if ds.turns not in ("last", "all", "first"):
+            raise ConfigError(f"{label}: turns must be 'last', 'all' or 'first', not {ds.turns!r}")
+        if ds.on_length not in ("drop", "keep"):
+            raise ConfigError(f"{label}: on_length must be 'drop' or 'keep', not {ds.on_length!r}")
+        for key in ("max_tokens", "token_budget", "limit"):
+            value = getattr(ds, key)
+            if value is not None and value < (0 if key != "max_tokens" else 1):
+                raise ConfigError(f"{label}: {key} must be positive, got {value}")
+    return cfg
+
+
+def _looks_remote(spec: str) -> bool:
+    """A hub id `owner/name` that is not an existing local path."""
+    parts = spec.split("/")
+    return len(parts) == 2 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
+
+
+def _resolve(base: Path, value: str | Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def _table(value: Any, name: str, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: [{name}] must be a table")
+    return value
+
+
+def _require(raw: dict[str, Any], key: str, typ: type, where: str) -> Any:
+    if key not in raw:
+        raise ConfigError(f"{where}: missing required key '{key}'")
+    value = raw[key]
+    if not isinstance(value, typ):
+        raise ConfigError(f"{where}: '{key}' must be {typ.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _check_provider(provider: Any, where: str) -> None:
+    if not isinstance(provider, dict):
+        raise ConfigError(f"{where}: [endpoint.provider] must be a table")
+    unknown = set(provider) - PROVIDER_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) in [endpoint.provider]: {', '.join(sorted(unknown))} "
+            f"(OpenRouter accepts: {', '.join(sorted(PROVIDER_KEYS))})"
+        )
+    for key in ("order", "only", "ignore", "quantizations"):
+        if key in provider and not (
+            isinstance(provider[key], list) and all(isinstance(x, str) for x in provider[key])
+        ):
+            raise ConfigError(f"{where}: endpoint.provider.{key} must be a list of strings")
+    bad = set(provider.get("quantizations", [])) - QUANTIZATIONS
+    if bad:
+        raise ConfigError(
+            f"{where}: endpoint.provider.quantizations has unknown value(s) {sorted(bad)}; "
+            f"known: {', '.join(sorted(QUANTIZATIONS))}"
+        )
+
+
+def _build(cls: type, raw: Any, name: str, where: str):
+    """Instantiate dataclass `cls` from a TOML table, checking keys and types."""
+    raw = _table(raw, name, where)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) in [{name}]: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(fields))})"
+        )
+    kwargs = {}
+    for key, f in fields.items():
+        if key not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{where}: missing required key '{name}.{key}'")
+            continue
+        kwargs[key] = _coerce(raw[key], hints[key], f"{name}.{key}", where)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0] if len(errors) == 1 else ConfigError(
+            f"{where}: '{key}' has the wrong type ({type(value).__name__}: {value!r})"
+        )
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(
+                f"{where}: '{key}' must be one of {', '.join(map(repr, args))}, not {value!r}"
+            )
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: '{key}' must be a list, got {type(value).__name__}")
+        return [_coerce(v, args[0], f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: '{key}' must be a table, got {type(value).__name__}")
+        return value
+    if hint is Path:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: '{key}' must be a path string")
+        return Path(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is Any:
+        return value
+    if hint in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{where}: '{key}' must be {hint.__name__}, got bool")
+    if not isinstance(value, hint):
+        raise ConfigError(
+            f"{where}: '{key}' must be {hint.__name__}, got {type(value).__name__} ({value!r})"
+        )
+    return value
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj

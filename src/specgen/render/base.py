@@ -1,0 +1,106 @@
+"""The renderer interface: conversation -> exact token ids of one forward pass of the target.
+
+A *sample* is one forward pass: the ids of the prompt the server fed the model (loss mask 0)
+followed by the ids the model sampled (loss mask 1). See docs/design.md, "Samples".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..conversation import AssistantMessage, Message, Tool
+from ..tokenizer import Tokenizer
+
+
+class RenderError(ValueError):
+    """A conversation cannot be rendered (bad message shape, unsupported option)."""
+
+
+class NotPrefixExtendingError(RenderError):
+    """The template re-renders history, so one sequence cannot hold every assistant turn."""
+
+
+@dataclass(slots=True)
+class Sample:
+    """Token ids of one training sample and the loss mask over them."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+    @property
+    def n_prompt(self) -> int:
+        """Length of the leading mask-0 run (the prompt of a single-forward-pass sample)."""
+        for i, m in enumerate(self.loss_mask):
+            if m:
+                return i
+        return len(self.loss_mask)
+
+    @classmethod
+    def from_parts(cls, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Sample:
+        return cls(
+            input_ids=[*prompt_ids, *completion_ids],
+            loss_mask=[0] * len(prompt_ids) + [1] * len(completion_ids),
+        )
+
+
+@dataclass
+class Renderer:
+    """Base class of all renderers. Subclasses implement the four abstract methods.
+
+    `thinking` selects the model's thinking mode where the template has one (e.g. K2.5's
+    generation prompt ends with `<think>` when on, `<think></think>` when off).
+    """
+
+    tokenizer: Tokenizer
+    thinking: bool = True
+    name: str = field(default="base", init=False)
+
+    # -- abstract ---------------------------------------------------------------------------
+    def render_text(
+        self, messages: Sequence[Message], tools: Sequence[Tool] | None = None, *,
+        add_generation_prompt: bool,
+    ) -> str:
+        """The template's text for these messages (what the server would tokenize)."""
+        raise NotImplementedError
+
+    def completion_text(self, message: Message | AssistantMessage) -> str:
+        """Text the model samples for this assistant message after the generation prompt,
+        up to and including the stop token (e.g. `<|im_end|>`)."""
+        raise NotImplementedError
+
+    def parse_completion(self, ids: Sequence[int]) -> AssistantMessage:
+        """Inverse of `completion_ids`: sampled ids back to reasoning, content, tool calls."""
+        raise NotImplementedError
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Ids that end a completion (the server's stop tokens)."""
+        raise NotImplementedError
+
+    # -- derived ----------------------------------------------------------------------------
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> list[int]:
+        """Ids of the generation prompt for these messages (what the server feeds the model)."""
+        return self.tokenizer.encode(self.render_text(messages, tools, add_generation_prompt=True))
+
+    def completion_ids(self, message: Message | AssistantMessage) -> list[int]:
+        """Ids the model samples for this assistant message (canonical segmentation)."""
+        return self.tokenizer.encode(self.completion_text(message))
+
+    def sample(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> Sample:
+        """One forward pass: prompt of messages[:-1] (mask 0) + sampled ids of messages[-1]
+        (mask 1) when the last message is an assistant message; else the prompt alone."""
+        if messages and messages[-1].get("role") == "assistant":
+            return Sample.from_parts(
+                self.prompt_ids(messages[:-1], tools), self.completion_ids(messages[-1])
+            )
+        return Sample.from_parts(self.prompt_ids(messages, tools), [])
+
+    def sample_all_turns(
+        self, messages: Sequence[Message], tools: Sequence[Tool] | None = None
+    ) -> Sample:
+        """Every assistant turn masked in one sequence; only for prefix-extending templates.
+
+        Raises NotPrefixExtendingError when a turn's prompt is not a prefix of the next one.
+        """
+        raise NotImplementedError

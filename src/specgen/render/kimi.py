@@ -1,0 +1,279 @@
+"""Native renderers for the Kimi K2 family (K2.5, K2-Thinking, K2-Instruct).
+
+Written from ../shared/reference/kimi-k2-format.md (see docs/renderers.md). Every message is
+`ROLE name <|im_middle|> body <|im_end|>` with no separator; the whole render is one string
+that the tokenizer encodes with all special tokens allowed, exactly as the serving stack does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from ..conversation import AssistantMessage, Message, Tool, ToolCall, message_reasoning
+from .base import Renderer, RenderError
+
+IM_END = "<|im_end|>"
+IM_USER = "<|im_user|>"
+IM_ASSISTANT = "<|im_assistant|>"
+IM_SYSTEM = "<|im_system|>"
+IM_MIDDLE = "<|im_middle|>"
+THINK = "<think>"
+END_THINK = "</think>"
+SECTION_BEGIN = "<|tool_calls_section_begin|>"
+SECTION_END = "<|tool_calls_section_end|>"
+CALL_BEGIN = "<|tool_call_begin|>"
+CALL_ARG = "<|tool_call_argument_begin|>"
+CALL_END = "<|tool_call_end|>"
+MEDIA_IMAGE = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n"
+
+ROLE_TOKEN = {"user": IM_USER, "assistant": IM_ASSISTANT}
+
+K2_THINKING_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
+K2_INSTRUCT_SYSTEM = "You are a helpful assistant"
+
+
+def deep_sort(obj):
+    """Sort every mapping by key, recursively (the Kimi templates sort tools this way)."""
+    if isinstance(obj, dict):
+        return {k: deep_sort(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [deep_sort(v) for v in obj]
+    return obj
+
+
+def tools_json(tools: Sequence[Tool]) -> str:
+    """K2-Thinking / K2-Instruct tool declaration: deep-sorted compact JSON."""
+    return orjson.dumps(deep_sort(list(tools))).decode()
+
+
+def content_with_media(content) -> str:
+    """Message content as template text: text parts concatenated, images as media tokens."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RenderError(f"message content must be a string or a list of parts, not {type(content).__name__}")
+    out = []
+    for part in content:
+        if isinstance(part, str):
+            out.append(part)
+        elif not isinstance(part, dict):
+            raise RenderError(f"content part must be an object, not {type(part).__name__}")
+        elif part.get("type") in ("image", "image_url") or "image" in part or "image_url" in part:
+            out.append(MEDIA_IMAGE)
+        else:
+            out.append(str(part.get("text", "")))
+    return "".join(out)
+
+
+@dataclass
+class KimiRenderer(Renderer):
+    """Kimi K2.5 (default). Subclasses switch the few places where the variants differ."""
+
+    name: str = field(default="kimi-k2.5", init=False)
+    # Variant switches (see the module docstring of each subclass).
+    has_thinking: bool = field(default=True, init=False)
+    prompt_opens_think: bool = field(default=True, init=False)  # K2.5: prompt ends in <think>
+    default_system: str | None = field(default=None, init=False)
+
+    # -- text -------------------------------------------------------------------------------
+    def tool_declaration(self, tools: Sequence[Tool]) -> str:
+        from .kimi_tools import typescript_tool_declaration
+
+        return typescript_tool_declaration(tools)
+
+    def render_text(self, messages, tools=None, *, add_generation_prompt: bool) -> str:
+        out: list[str] = []
+        if tools:
+            out.append(f"{IM_SYSTEM}tool_declare{IM_MIDDLE}{self.tool_declaration(tools)}{IM_END}")
+        if self.default_system is not None and (
+            not messages or messages[0].get("role") != "system"
+        ):
+            out.append(f"{IM_SYSTEM}system{IM_MIDDLE}{self.default_system}{IM_END}")
+        last_plain = -1  # last assistant message without tool calls: history before it is dropped
+        for i, m in enumerate(messages):
+            if m.get("role") == "assistant" and not m.get("tool_calls"):
+                last_plain = i
+        for i, m in enumerate(messages):
+            out.append(self._message_text(m, keep_reasoning=i > last_plain))
+        if add_generation_prompt:
+            out.append(self.generation_prompt())
+        return "".join(out)
+
+    def generation_prompt(self) -> str:
+        head = f"{IM_ASSISTANT}assistant{IM_MIDDLE}"
+        if not self.has_thinking or not self.prompt_opens_think:
+            return head
+        return head + (THINK if self.thinking else THINK + END_THINK)
+
+    def _message_text(self, m: Message, *, keep_reasoning: bool) -> str:
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise RenderError(f"message has no role: {str(m)[:80]}")
+        name = m.get("name") or role
+        head = f"{ROLE_TOKEN.get(role, IM_SYSTEM)}{name}{IM_MIDDLE}"
+        if role == "assistant":
+            return head + self._assistant_body(m, keep_reasoning=keep_reasoning) + IM_END
+        if role == "tool":
+            return head + self.tool_result_body(m) + IM_END
+        return head + content_with_media(m.get("content")) + IM_END
+
+    def tool_result_body(self, m: Message) -> str:
+        # One plain-text piece: header and content are joined before encoding.
+        return f"## Return of {m.get('tool_call_id') or ''}\n{content_with_media(m.get('content'))}"
+
+    def _assistant_body(self, m: Message | AssistantMessage, *, keep_reasoning: bool) -> str:
+        msg = m if isinstance(m, AssistantMessage) else _assistant(m)
+        body = msg.content + tool_call_section(msg.tool_calls)
+        if not self.has_thinking:
+            return body
+        reasoning = (msg.reasoning or "") if keep_reasoning and self.thinking else ""
+        return f"{THINK}{reasoning}{END_THINK}{body}"
+
+    def completion_text(self, message) -> str:
+        msg = message if isinstance(message, AssistantMessage) else _assistant(message)
+        body = msg.content + tool_call_section(msg.tool_calls) + IM_END
+        if not self.has_thinking:
+            return body
+        reasoning = msg.reasoning or ""
+        if self.prompt_opens_think:
+            # The prompt already holds `<think>` (thinking on) or `<think></think>` (off).
+            return f"{reasoning}{END_THINK}{body}" if self.thinking else body
+        return f"{THINK}{reasoning}{END_THINK}{body}" if self.thinking else body
+
+    # -- parsing ----------------------------------------------------------------------------
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        return frozenset({self.tokenizer.token_id(IM_END)})
+
+    def parse_completion(self, ids: Sequence[int]) -> AssistantMessage:
+        """Sampled ids -> AssistantMessage. Works on ids, so text that merely looks like a
+        marker is never mistaken for one."""
+        tok = self.tokenizer
+        pieces = _split_special(tok, ids)
+        reasoning: str | None = None
+        in_reasoning = self.has_thinking and self.thinking and self.prompt_opens_think
+        if in_reasoning:
+            reasoning = ""
+        content: list[str] = []
+        calls: list[ToolCall] = []
+        state = "reasoning" if in_reasoning else "content"
+        call_id: list[str] = []
+        call_args: list[str] = []
+        for special, text in pieces:
+            if special is None:
+                if state == "reasoning":
+                    reasoning = (reasoning or "") + text
+                elif state == "content":
+                    content.append(text)
+                elif state == "call_id":
+                    call_id.append(text)
+                elif state == "call_args":
+                    call_args.append(text)
+                elif state == "done":
+                    raise RenderError(f"text after {IM_END} in completion: {text[:40]!r}")
+                else:
+                    # Text between tool calls inside a section is not part of the format.
+                    raise RenderError(f"unexpected text inside tool-call section: {text[:40]!r}")
+                continue
+            if special == THINK and state == "content" and not content and reasoning is None:
+                state, reasoning = "reasoning", ""
+            elif special == END_THINK and state == "reasoning":
+                state = "content"
+            elif special == SECTION_BEGIN and state == "content":
+                state = "section"
+            elif special == CALL_BEGIN and state == "section":
+                state, call_id, call_args = "call_id", [], []
+            elif special == CALL_ARG and state == "call_id":
+                state = "call_args"
+            elif special == CALL_END and state == "call_args":
+                cid = "".join(call_id)
+                calls.append(ToolCall(id=cid, name=tool_name_from_id(cid), arguments="".join(call_args)))
+                state = "section"
+            elif special == SECTION_END and state == "section":
+                state = "after_section"
+            elif special == IM_END and state in ("reasoning", "content", "after_section"):
+                state = "done"
+            elif state == "reasoning":
+                reasoning = (reasoning or "") + special  # control text the model wrote
+            elif state == "content":
+                content.append(special)
+            else:
+                raise RenderError(f"unexpected {special} in completion (state {state})")
+        return AssistantMessage(content="".join(content), reasoning=reasoning, tool_calls=tuple(calls))
+
+    def sample_all_turns(self, messages, tools=None):
+        from .all_turns import sample_all_turns
+
+        return sample_all_turns(self, messages, tools)
+
+
+@dataclass
+class KimiK2ThinkingRenderer(KimiRenderer):
+    """K2-Thinking: JSON tool declaration, default system prompt, prompt ends at <|im_middle|>."""
+
+    name: str = field(default="kimi-k2-thinking", init=False)
+    prompt_opens_think: bool = field(default=False, init=False)
+    default_system: str | None = field(default=K2_THINKING_SYSTEM, init=False)
+
+    def tool_declaration(self, tools):
+        return tools_json(tools)
+
+
+@dataclass
+class KimiK2InstructRenderer(KimiRenderer):
+    """K2-Instruct: no thinking, JSON tool declaration, default system prompt."""
+
+    name: str = field(default="kimi-k2-instruct", init=False)
+    has_thinking: bool = field(default=False, init=False)
+    default_system: str | None = field(default=K2_INSTRUCT_SYSTEM, init=False)
+
+    def tool_declaration(self, tools):
+        return tools_json(tools)
+
+
+def tool_call_section(calls: Sequence[ToolCall]) -> str:
+    if not calls:
+        return ""
+    inner = "".join(f"{CALL_BEGIN}{c.id}{CALL_ARG}{c.arguments}{CALL_END}" for c in calls)
+    return f"{SECTION_BEGIN}{inner}{SECTION_END}"
+
+
+def tool_name_from_id(call_id: str) -> str:
+    """`functions.get_weather:0` -> `get_weather` (the name the model wrote into the id)."""
+    name = call_id.strip()
+    if name.startswith("functions."):
+        name = name[len("functions."):]
+    head, sep, tail = name.rpartition(":")
+    return head if sep and tail.isdigit() else name
+
+
+def _assistant(m: Message) -> AssistantMessage:
+    return AssistantMessage(
+        content=content_with_media(m.get("content")),
+        reasoning=message_reasoning(m),
+        tool_calls=tuple(ToolCall.from_openai(c) for c in m.get("tool_calls") or ()),
+    )
+
+
+def _split_special(tok, ids: Sequence[int]) -> list[tuple[str | None, str]]:
+    """Group ids into (special_token_text, "") and (None, decoded_text) runs."""
+    specials = tok.id_to_special
+    out: list[tuple[str | None, str]] = []
+    run: list[int] = []
+    for i in ids:
+        name = specials.get(i)
+        if name is None:
+            run.append(i)
+            continue
+        if run:
+            out.append((None, tok.decode(run)))
+            run = []
+        out.append((name, ""))
+    if run:
+        out.append((None, tok.decode(run)))
+    return out

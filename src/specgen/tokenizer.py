@@ -1,0 +1,397 @@
+"""Tokenizer loading from a model directory, a hub id, or the built-in demo tokenizer.
+
+Two layouts are understood, the ones users get from a model hub:
+
+* Kimi family: ``tiktoken.model`` (base64 BPE ranks) + ``tokenizer_config.json`` whose
+  ``added_tokens_decoder`` names the special ids. Every id from the end of the BPE ranks up to
+  256 further ids is special; unnamed ones are ``<|reserved_token_{id}|>``.
+* Any HF fast tokenizer: ``tokenizer.json`` (+ ``tokenizer_config.json`` and
+  ``chat_template.jinja`` or a ``chat_template`` key).
+
+Both encode with every special token allowed, as the models' own tokenizers do: a literal
+``<|im_end|>`` inside text becomes the control id. No BOS/EOS is ever added by ``encode``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+KIMI_NUM_RESERVED_SPECIAL = 256
+
+# The Kimi K2 split pattern (see docs/tokenizers.md). tiktoken's regex engine honours the
+# `&&` class intersection.
+KIMI_PAT_STR = "|".join(
+    [
+        r"""[\p{Han}]+""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+
+# Files fetched for a hub id: only what a tokenizer needs, never weights.
+HUB_TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "tiktoken.model",
+    "tokenizer.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
+
+DEMO_TOKENIZER_DIR = Path(__file__).parent / "data" / "demo-tokenizer"
+
+
+class TokenizerError(Exception):
+    """A tokenizer could not be loaded; the message names the file and what is wrong."""
+
+
+class Tokenizer:
+    """Common interface of the loaded tokenizers."""
+
+    name: str
+    path: Path
+    special_tokens: dict[str, int]  # token text -> id, for every special/added token
+    chat_template: str | None
+    config: dict[str, Any]
+
+    def encode(self, text: str) -> list[int]:
+        """Encode with every special token allowed (literal control text becomes its id)."""
+        raise NotImplementedError
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode treating special-token text as plain text."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Exact text of ids (byte concatenation; invalid UTF-8 is replaced)."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        raise NotImplementedError
+
+    def token_bytes(self, token_id: int) -> bytes:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @cached_property
+    def id_to_special(self) -> dict[int, str]:
+        return {i: t for t, i in self.special_tokens.items()}
+
+    def token_id(self, token: str) -> int:
+        """Id of a special token by its text; KeyError naming the token if absent."""
+        try:
+            return self.special_tokens[token]
+        except KeyError:
+            raise KeyError(f"tokenizer {self.name!r} has no special token {token!r}") from None
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.id_to_special
+
+    @property
+    def eos_token(self) -> str | None:
+        tok = self.config.get("eos_token")
+        if isinstance(tok, dict):
+            tok = tok.get("content")
+        return tok if isinstance(tok, str) else None
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """sha256 over the tokenizer files, used in manifests and the run's config hash."""
+        h = hashlib.sha256()
+        for fname in sorted(os.listdir(self.path)):
+            if fname in HUB_TOKENIZER_FILES:
+                h.update(fname.encode())
+                h.update((self.path / fname).read_bytes())
+        return h.hexdigest()
+
+
+class TiktokenTokenizer(Tokenizer):
+    """Kimi-style tokenizer: ``tiktoken.model`` ranks + ``tokenizer_config.json``."""
+
+    def __init__(self, path: Path):
+        import tiktoken
+
+        self.path = path
+        self.name = path.name
+        self.config = _read_json(path / "tokenizer_config.json")
+        ranks = _read_tiktoken_ranks(path / "tiktoken.model")
+        n_base = len(ranks)
+        named: dict[int, str] = {}
+        decoder = self.config.get("added_tokens_decoder") or {}
+        if not isinstance(decoder, dict):
+            raise TokenizerError(
+                f"{path / 'tokenizer_config.json'}: 'added_tokens_decoder' must be an object"
+            )
+        for key, entry in decoder.items():
+            try:
+                tid = int(key)
+                content = entry["content"] if isinstance(entry, dict) else str(entry)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise TokenizerError(
+                    f"{path / 'tokenizer_config.json'}: bad added_tokens_decoder entry {key!r}: {exc}"
+                ) from None
+            named[tid] = content
+        n_special = max(KIMI_NUM_RESERVED_SPECIAL, max(named, default=0) - n_base + 1)
+        self.special_tokens = {}
+        for tid in range(n_base, n_base + n_special):
+            self.special_tokens[named.get(tid, f"<|reserved_token_{tid}|>")] = tid
+        self._n_vocab = n_base + n_special
+        self._enc = tiktoken.Encoding(
+            name=f"specgen-{self.name}",
+            pat_str=KIMI_PAT_STR,
+            mergeable_ranks=ranks,
+            special_tokens=self.special_tokens,
+        )
+        self.chat_template = _read_chat_template(path, self.config)
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode(text, allowed_special="all")
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return self._enc.decode_bytes(ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._enc.decode_single_token_bytes(token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+
+class HFTokenizer(Tokenizer):
+    """Any HF fast tokenizer (``tokenizer.json``) through the ``tokenizers`` library."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer as _HFTok
+
+        self.path = path
+        self.name = path.name
+        tj = path / "tokenizer.json"
+        try:
+            self._tok = _HFTok.from_file(str(tj))
+        except Exception as exc:  # the library raises a bare Exception on bad JSON
+            raise TokenizerError(f"{tj}: not a valid HF tokenizer.json ({exc})") from None
+        cfg_path = path / "tokenizer_config.json"
+        self.config = _read_json(cfg_path) if cfg_path.exists() else {}
+        self.special_tokens = {
+            t.content: i for i, t in self._tok.get_added_tokens_decoder().items()
+        }
+        self.chat_template = _read_chat_template(path, self.config)
+        self._byte_decoder = _bytelevel_decoder() if _uses_bytelevel(tj) else None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        # Split on special-token text ourselves so it is encoded as plain characters.
+        if not self.special_tokens:
+            return self.encode(text)
+        from tokenizers import Tokenizer as _HFTok
+
+        if not hasattr(self, "_plain"):
+            plain = _HFTok.from_str(self._tok.to_str())
+            # Re-declaring added tokens as non-special still matches them; strip them instead.
+            data = json.loads(plain.to_str())
+            data["added_tokens"] = []
+            self._plain = _HFTok.from_str(json.dumps(data))
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id in self.id_to_special:
+            return self.id_to_special[token_id].encode()
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            raise KeyError(f"token id {token_id} outside the vocabulary of {self.name!r}")
+        if self._byte_decoder is not None:
+            return bytes(self._byte_decoder[ch] for ch in piece)
+        return self._tok.decode([token_id], skip_special_tokens=False).encode()
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        if self._byte_decoder is None:
+            return self._tok.decode(list(ids), skip_special_tokens=False).encode()
+        return b"".join(self.token_bytes(i) for i in ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._byte_decoder is None:
+            return self._tok.decode(list(ids), skip_special_tokens=False)
+        return super().decode(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+
+def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
+    """Load a tokenizer from a model dir, a hub id (``owner/name``), or ``"demo"``."""
+    spec_str = os.fspath(spec)
+    if spec_str == "demo":
+        path = DEMO_TOKENIZER_DIR
+    else:
+        path = Path(spec_str).expanduser()
+        if not path.exists():
+            if _looks_like_hub_id(spec_str):
+                path = download_tokenizer(spec_str)
+            else:
+                raise TokenizerError(f"tokenizer path {spec_str!r} does not exist")
+    return _load_dir(path)
+
+
+def _load_dir(path: Path) -> Tokenizer:
+    if not path.is_dir():
+        raise TokenizerError(f"tokenizer path {str(path)!r} is not a directory")
+    if (path / "tiktoken.model").exists():
+        if not (path / "tokenizer_config.json").exists():
+            raise TokenizerError(
+                f"{path}: tiktoken.model found but tokenizer_config.json is missing "
+                "(it names the special tokens)"
+            )
+        return TiktokenTokenizer(path)
+    if (path / "tokenizer.json").exists():
+        return HFTokenizer(path)
+    raise TokenizerError(
+        f"{path}: no tokenizer files (expected tiktoken.model + tokenizer_config.json, "
+        "or tokenizer.json)"
+    )
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+
+
+def hub_cache_dir() -> Path:
+    root = os.environ.get("SPECGEN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specgen"
+    )
+    return Path(root) / "hub"
+
+
+def download_tokenizer(repo_id: str, revision: str = "main") -> Path:
+    """Fetch only the tokenizer files of a hub model into the specgen cache."""
+    dest = hub_cache_dir() / repo_id.replace("/", "--") / revision
+    if (dest / "tokenizer_config.json").exists() and (
+        (dest / "tiktoken.model").exists() or (dest / "tokenizer.json").exists()
+    ):
+        return dest
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    headers = {"User-Agent": "specgen"}
+    token = os.environ.get("HF_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    dest.mkdir(parents=True, exist_ok=True)
+    got = []
+    for fname in HUB_TOKENIZER_FILES:
+        url = f"{endpoint}/{repo_id}/resolve/{revision}/{fname}"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+                data = r.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                continue
+            raise TokenizerError(
+                f"downloading {fname} of {repo_id!r} from {endpoint} failed: HTTP {exc.code}"
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise TokenizerError(
+                f"cannot download the tokenizer of {repo_id!r} from {endpoint} "
+                f"({getattr(exc, 'reason', exc)}); download the model's tokenizer files "
+                "yourself and give their directory as the tokenizer path"
+            ) from None
+        tmp = dest / (fname + ".part")
+        tmp.write_bytes(data)
+        tmp.replace(dest / fname)
+        got.append(fname)
+    if "tiktoken.model" not in got and "tokenizer.json" not in got:
+        raise TokenizerError(f"hub model {repo_id!r} has neither tiktoken.model nor tokenizer.json")
+    return dest
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise TokenizerError(f"{path}: file is missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def _read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    token, rank = line.split()
+                    ranks[base64.b64decode(token, validate=True)] = int(rank)
+                except ValueError:
+                    raise TokenizerError(
+                        f"{path}:{lineno}: expected 'base64-token rank', got {line[:60]!r}"
+                    ) from None
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read ({exc.strerror})") from None
+    if not ranks:
+        raise TokenizerError(f"{path}: no BPE ranks in file")
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise TokenizerError(f"{path}: ranks are not the contiguous range 0..{len(ranks) - 1}")
+    return ranks
+
+
+def _read_chat_template(path: Path, config: dict[str, Any]) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text(encoding="utf-8")
+    tmpl = config.get("chat_template")
+    if isinstance(tmpl, list):  # [{"name": "default", "template": ...}, ...]
+        by_name = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+        tmpl = by_name.get("default") or next(iter(by_name.values()), None)
+    return tmpl if isinstance(tmpl, str) else None
+
+
+def _uses_bytelevel(tokenizer_json: Path) -> bool:
+    with open(tokenizer_json, "rb") as f:
+        data = json.load(f)
+    dec = data.get("decoder") or {}
+    kinds = {dec.get("type")} | {d.get("type") for d in dec.get("decoders", []) or []}
+    return "ByteLevel" in kinds
+
+
+def _bytelevel_decoder() -> dict[str, int]:
+    """The GPT-2 byte-to-unicode table, inverted: printable char -> byte value."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    table = {}
+    extra = 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
