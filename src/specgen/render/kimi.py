@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import orjson
-
 from ..conversation import AssistantMessage, Message, Tool, ToolCall, message_reasoning
 from .base import Renderer, RenderError
+from .kimi_tools import deep_sort, kimi_k25_tool_declaration, tools_json  # noqa: F401
 
 IM_END = "<|im_end|>"
 IM_USER = "<|im_user|>"
@@ -33,20 +32,9 @@ ROLE_TOKEN = {"user": IM_USER, "assistant": IM_ASSISTANT}
 
 K2_THINKING_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
 K2_INSTRUCT_SYSTEM = "You are a helpful assistant"
-
-
-def deep_sort(obj):
-    """Sort every mapping by key, recursively (the Kimi templates sort tools this way)."""
-    if isinstance(obj, dict):
-        return {k: deep_sort(obj[k]) for k in sorted(obj)}
-    if isinstance(obj, list):
-        return [deep_sort(v) for v in obj]
-    return obj
-
-
-def tools_json(tools: Sequence[Tool]) -> str:
-    """K2-Thinking / K2-Instruct tool declaration: deep-sorted compact JSON."""
-    return orjson.dumps(deep_sort(list(tools))).decode()
+# [unsure] K2.5 has no default system prompt (4 sources; 1 shows K2_THINKING_SYSTEM). Set this
+# to K2_THINKING_SYSTEM to inject it when the first message is not a system message.
+K25_DEFAULT_SYSTEM: str | None = None
 
 
 def content_with_media(content) -> str:
@@ -65,6 +53,9 @@ def content_with_media(content) -> str:
             raise RenderError(f"content part must be an object, not {type(part).__name__}")
         elif part.get("type") in ("image", "image_url") or "image" in part or "image_url" in part:
             out.append(MEDIA_IMAGE)
+        elif part.get("type") in ("video", "video_url") or "video" in part or "video_url" in part:
+            # K2.5 expands videos into frames with its processor; the ids are not knowable here.
+            raise RenderError("video content parts are not supported by the Kimi renderers")
         else:
             out.append(str(part.get("text", "")))
     return "".join(out)
@@ -78,13 +69,13 @@ class KimiRenderer(Renderer):
     # Variant switches (see the module docstring of each subclass).
     has_thinking: bool = field(default=True, init=False)
     prompt_opens_think: bool = field(default=True, init=False)  # K2.5: prompt ends in <think>
-    default_system: str | None = field(default=None, init=False)
+    # Read when the renderer is built, so the module switch K25_DEFAULT_SYSTEM takes effect.
+    default_system: str | None = field(default_factory=lambda: K25_DEFAULT_SYSTEM, init=False)
 
     # -- text -------------------------------------------------------------------------------
     def tool_declaration(self, tools: Sequence[Tool]) -> str:
-        from .kimi_tools import typescript_tool_declaration
-
-        return typescript_tool_declaration(tools)
+        """Body of the `tool_declare` message (K2.5: TypeScript, JSON when that fails)."""
+        return kimi_k25_tool_declaration(tools)
 
     def render_text(self, messages, tools=None, *, add_generation_prompt: bool) -> str:
         out: list[str] = []
@@ -202,6 +193,8 @@ class KimiRenderer(Renderer):
                 reasoning = (reasoning or "") + special  # control text the model wrote
             elif state == "content":
                 content.append(special)
+            elif state == "call_args" and special != IM_END:
+                call_args.append(special)  # arguments are free text up to <|tool_call_end|>
             else:
                 raise RenderError(f"unexpected {special} in completion (state {state})")
         return AssistantMessage(content="".join(content), reasoning=reasoning, tool_calls=tuple(calls))
@@ -214,11 +207,18 @@ class KimiRenderer(Renderer):
 
 @dataclass
 class KimiK2ThinkingRenderer(KimiRenderer):
-    """K2-Thinking: JSON tool declaration, default system prompt, prompt ends at <|im_middle|>."""
+    """K2-Thinking: JSON tool declaration, default system prompt, prompt ends at <|im_middle|>.
+
+    The model always opens `<think>` itself, so there is no thinking-off mode: `thinking` is
+    always True for this renderer.
+    """
 
     name: str = field(default="kimi-k2-thinking", init=False)
     prompt_opens_think: bool = field(default=False, init=False)
     default_system: str | None = field(default=K2_THINKING_SYSTEM, init=False)
+
+    def __post_init__(self) -> None:
+        self.thinking = True
 
     def tool_declaration(self, tools):
         return tools_json(tools)
@@ -226,14 +226,20 @@ class KimiK2ThinkingRenderer(KimiRenderer):
 
 @dataclass
 class KimiK2InstructRenderer(KimiRenderer):
-    """K2-Instruct: no thinking, JSON tool declaration, default system prompt."""
+    """K2-Instruct: no thinking, JSON tool declaration, default system prompt.
+
+    The tool JSON uses HF `tojson`'s default separators (", ", ": "), as the K2-Instruct
+    template in that model's tokenizer_config.json writes `tools | tojson` (the reference doc's
+    compact form belongs to the later K2 templates); `tool_json_separators` switches it.
+    """
 
     name: str = field(default="kimi-k2-instruct", init=False)
     has_thinking: bool = field(default=False, init=False)
     default_system: str | None = field(default=K2_INSTRUCT_SYSTEM, init=False)
+    tool_json_separators: tuple[str, str] = field(default=(", ", ": "), init=False)
 
     def tool_declaration(self, tools):
-        return tools_json(tools)
+        return tools_json(tools, self.tool_json_separators)
 
 
 def tool_call_section(calls: Sequence[ToolCall]) -> str:
