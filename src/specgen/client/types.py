@@ -42,6 +42,9 @@ class ChatResponse:
     first_byte_at: float | None = None
     ended_at: float = 0.0
     stream: bool = False
+    http_status: int | None = None
+    # OpenRouter's X-OpenRouter-Cache-Status ("HIT" means a replayed, unbilled answer).
+    cache_status: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -97,6 +100,8 @@ class ApiError(Exception):
         body: Any = None,
         usage: dict[str, Any] | None = None,
         base_url: str | None = None,
+        code: Any = None,
+        timeout_phase: str | None = None,
     ):
         super().__init__(message)
         self.kind = kind
@@ -107,6 +112,14 @@ class ApiError(Exception):
         self.body = body
         self.usage = usage or {}  # a failed-but-billed attempt still reports its cost
         self.base_url = base_url
+        self.code = code  # error.code from the body, when there was one
+        self.timeout_phase = timeout_phase  # connect | first_byte | idle | total (kind "timeout")
+        # Filled by the client so a failed attempt can be recorded like a successful one.
+        self.model: str | None = None
+        self.generation_id: str | None = None
+        self.started_at: float = 0.0
+        self.first_byte_at: float | None = None
+        self.ended_at: float = 0.0
 
     @property
     def retryable(self) -> bool:
@@ -115,6 +128,36 @@ class ApiError(Exception):
     @property
     def fatal_for_run(self) -> bool:
         return self.kind in FATAL_FOR_RUN
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """`error.metadata` of the body (empty when absent)."""
+        meta = self.body.get("metadata") if isinstance(self.body, dict) else None
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def availability(self) -> dict[str, Any] | None:
+        """OpenRouter's `error.availability` (404 no endpoints: `code`, `retryable`...)."""
+        if isinstance(self.body, dict):
+            for where in (self.body, self.metadata):
+                value = where.get("availability")
+                if isinstance(value, dict):
+                    return value
+        return None
+
+    @property
+    def reasons(self) -> list[Any] | None:
+        """Moderation reasons (`error.metadata.reasons`, 403)."""
+        value = self.metadata.get("reasons")
+        return value if isinstance(value, list) else None
+
+    @property
+    def cost_usd(self) -> float | None:
+        cost = self.usage.get("cost")
+        return float(cost) if isinstance(cost, int | float) else None
+
+    def __repr__(self) -> str:
+        return f"ApiError({self.kind!r}, {self.message!r}, status={self.status!r})"
 
     def __str__(self) -> str:
         status = f" HTTP {self.status}" if self.status else ""

@@ -1,0 +1,411 @@
+"""`ChatClient`: one shared aiohttp session for thousands of concurrent chat requests.
+
+The hot path is kept small: the body is encoded once with orjson, the stream is read in whole
+socket buffers (`readany`) and split into lines with bytes methods, only `data:` lines are
+parsed, and timeouts cost one lazy timer per request (see `deadline.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from .balancer import Balancer
+from .deadline import Deadline
+from .errors import Redactor, describe_error, error_from_response, snippet
+from .parse import StreamParser, parse_completion
+from .types import ApiError, ChatResponse
+
+if TYPE_CHECKING:
+    from specgen.config import EndpointConfig
+
+log = logging.getLogger("specgen.client")
+
+ERROR_BODY_CAP = 64 * 1024  # bytes of an error body kept for classification
+MAX_BODY = 64 * 1024 * 1024  # a 200 body larger than this is refused as invalid_response
+_FORBIDDEN_HEADERS = ("authorization", "x-openrouter-cache")
+
+
+def _check_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    out = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError(f"endpoint.headers: {name!r} must map to a string")
+        low = name.lower()
+        if low == "authorization":
+            raise ValueError(
+                "endpoint.headers must not carry Authorization: put the key in the environment "
+                "variable named by endpoint.api_key_env"
+            )
+        if low.startswith("x-openrouter-cache"):
+            raise ValueError(
+                f"endpoint.headers: {name} turns on OpenRouter's response cache, which would "
+                "replay identical answers into the training data; remove it"
+            )
+        out[name] = value
+    return out
+
+
+def raise_open_file_limit(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE towards `wanted` (each request in flight is a socket).
+    Returns the soft limit now in force; a no-op where the platform has no such limit."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            log.warning("could not raise the open-file limit from %d to %d", soft, target)
+    return soft
+
+
+class ChatClient:
+    """Async OpenAI-compatible `/chat/completions` client over several base URLs.
+
+    Use as `async with ChatClient(...) as client: resp = await client.chat(body)`. Every failure
+    is an `ApiError` with a `kind` (see `specgen.client.types`); the client never retries.
+    """
+
+    def __init__(
+        self,
+        base_url: str | Sequence[str],
+        *,
+        api_key_env: str | None = None,
+        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        stream: bool = True,
+        connect_timeout: float | None = 10.0,
+        first_byte_timeout: float | None = 300.0,
+        idle_timeout: float | None = 120.0,
+        total_timeout: float | None = 3600.0,
+        concurrency: int | None = None,
+        limit: int = 0,
+        limit_per_host: int = 0,
+        keepalive_timeout: float = 30.0,
+        failure_threshold: int = 3,
+        cooldown: float = 5.0,
+        max_cooldown: float = 60.0,
+        max_body_bytes: int = MAX_BODY,
+        trust_env: bool = False,
+    ):
+        self._balancer = Balancer(
+            [base_url] if isinstance(base_url, str) else list(base_url),
+            failure_threshold=failure_threshold, cooldown=cooldown, max_cooldown=max_cooldown,
+        )
+        if api_key is None and api_key_env:
+            api_key = os.environ.get(api_key_env)
+        api_key = (api_key or "").strip() or None
+        self._redact = Redactor(api_key)
+        self._headers: dict[str, str] = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **_check_headers(headers or {}),
+        }
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self.has_key = api_key is not None
+        self.stream = bool(stream)
+        self.connect_timeout = connect_timeout
+        self.first_byte_timeout = first_byte_timeout
+        self.idle_timeout = idle_timeout
+        self.total_timeout = total_timeout
+        self._concurrency = concurrency
+        self._limit = limit
+        self._limit_per_host = limit_per_host
+        self._keepalive = keepalive_timeout
+        self._max_body = max_body_bytes
+        self._trust_env = trust_env
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_config(
+        cls, cfg: EndpointConfig, *, base_urls: Sequence[str] | None = None, **overrides: Any
+    ) -> ChatClient:
+        """A client for `[endpoint]`. `base_urls` replaces the configured URLs (the engine
+        passes the simulator's address when `base_url = "sim"`)."""
+        urls = list(base_urls) if base_urls is not None else list(cfg.base_url)
+        if urls == ["sim"]:
+            raise ValueError(
+                "base_url 'sim' names the built-in simulator: start it and pass its URL "
+                "as base_urls"
+            )
+        headers = dict(cfg.headers)
+        if cfg.return_token_ids:
+            headers.setdefault("X-Specgen-Return-Token-Ids", "1")
+        kwargs: dict[str, Any] = dict(
+            api_key_env=cfg.api_key_env,
+            headers=headers,
+            stream=cfg.stream,
+            connect_timeout=cfg.connect_timeout,
+            first_byte_timeout=cfg.first_byte_timeout,
+            idle_timeout=cfg.idle_timeout,
+            total_timeout=cfg.total_timeout,
+            concurrency=cfg.concurrency,
+        )
+        kwargs.update(overrides)
+        return cls(urls, **kwargs)
+
+    def __repr__(self) -> str:
+        urls = [ep.url for ep in self._balancer.endpoints]
+        key = "set" if self.has_key else "none"
+        return f"ChatClient(base_urls={urls!r}, stream={self.stream}, api_key={key})"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> ChatClient:
+        if self._session is None:
+            if self._concurrency:
+                raise_open_file_limit(self._concurrency * 2 + 256)
+            connector = aiohttp.TCPConnector(
+                limit=self._limit,
+                limit_per_host=self._limit_per_host,
+                ttl_dns_cache=300,
+                keepalive_timeout=self._keepalive,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=None, sock_read=None,
+                    sock_connect=self.connect_timeout or None,
+                ),
+                trust_env=self._trust_env,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def __aenter__(self) -> ChatClient:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- introspection -----------------------------------------------------------------------
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [ep.url for ep in self._balancer.endpoints]
+
+    def in_flight(self) -> dict[str, int]:
+        """Requests in flight per base URL."""
+        return self._balancer.in_flight()
+
+    def endpoint_stats(self) -> list[dict[str, Any]]:
+        """Per base URL: in flight, requests, ok, connection errors, cooldown state."""
+        return self._balancer.stats()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def chat(self, body: dict[str, Any]) -> ChatResponse:
+        """POST `body` to `/chat/completions`; the answer, or an `ApiError` with a class.
+
+        Streams when `body["stream"]` is true; a body without `stream` gets the client's
+        default (and `stream_options.include_usage` when streaming)."""
+        stream = body.get("stream")
+        if stream is None:
+            stream = self.stream
+            body = {**body, "stream": stream}
+            if stream and "stream_options" not in body:
+                body["stream_options"] = {"include_usage": True}
+        try:
+            payload = orjson.dumps(body)
+        except TypeError as exc:
+            raise ApiError("bad_request", f"request body is not JSON-serialisable: {exc}") from None
+        return await self._call("POST", None, payload, bool(stream))
+
+    async def get_json(self, path: str) -> Any:
+        """GET `<base_url>/<path>` and return its JSON, e.g. `models/{author}/{slug}/endpoints`
+        or `key` (OpenRouter). Errors are classified like chat errors."""
+        return await self._call("GET", path, None, False)
+
+    async def _call(self, method: str, path: str | None, payload: bytes | None,
+                    stream: bool) -> Any:
+        session = self._session
+        if session is None:
+            raise RuntimeError("ChatClient is not open: use 'async with ChatClient(...)'")
+        ep = self._balancer.acquire()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        started = time.time()
+        first_byte_at: float | None = None
+        deadline = Deadline(loop, task, first_byte=self.first_byte_timeout,
+                            idle=self.idle_timeout, total=self.total_timeout)
+        healthy: bool | None = None
+        parser: StreamParser | None = None
+        result: Any = None
+        status: int | None = None
+        try:
+            try:
+                url = ep.chat_url if path is None else ep.url_for(path)
+                async with session.request(method, url, data=payload,
+                                           allow_redirects=False) as resp:
+                    first_byte_at = time.time()
+                    deadline.got_headers()
+                    status = resp.status
+                    healthy = True
+                    if not 200 <= status < 300:
+                        body, truncated = await self._read(resp, deadline, ERROR_BODY_CAP, True)
+                        raise error_from_response(status, resp.headers, body,
+                                                  truncated=truncated)
+                    if path is not None:
+                        result = self._parse_json(await self._read(resp, deadline)[0])
+                    else:
+                        ctype = resp.content_type
+                        if ctype == "text/event-stream" or (stream and ctype != "application/json"):
+                            parser = StreamParser()
+                            await self._read_stream(resp, deadline, parser)
+                            result = parser.finish()
+                        else:
+                            result = parse_completion((await self._read(resp, deadline))[0])
+                        result.http_status = status
+                        result.cache_status = resp.headers.get("X-OpenRouter-Cache-Status")
+                        if result.id is None:
+                            result.id = resp.headers.get("X-Generation-Id")
+            except asyncio.CancelledError:
+                if deadline.fired is None or task.uncancel() > 0:
+                    raise  # cancelled from outside: not ours to turn into an error
+                if result is None:
+                    if parser is not None and parser.failed:
+                        raise parser.failure() from None
+                    raise ApiError(
+                        "timeout", deadline.describe(), timeout_phase=deadline.fired,
+                        usage=parser.usage if parser is not None else None,
+                    ) from None
+                # else: the answer was complete when the timer fired; keep it
+            except aiohttp.ConnectionTimeoutError:
+                healthy = False
+                raise ApiError(
+                    "timeout",
+                    f"connect timeout: no connection within {self.connect_timeout:g} s",
+                    timeout_phase="connect",
+                ) from None
+            except aiohttp.ClientResponseError as exc:  # the server spoke broken HTTP
+                raise ApiError(
+                    "invalid_response",
+                    f"malformed HTTP response: {snippet(exc.message or type(exc).__name__)}",
+                    status=exc.status or None,
+                ) from None
+            except (aiohttp.ClientError, OSError) as exc:
+                if parser is not None and parser.failed:
+                    raise parser.failure() from None
+                healthy = False
+                where = ("while reading the response body" if first_byte_at is not None
+                         else "before a response")
+                raise ApiError(
+                    "connection",
+                    f"{type(exc).__name__} {where}: {snippet(str(exc), 200)}",
+                    usage=parser.usage if parser is not None else None,
+                ) from None
+        except ApiError as err:
+            err.base_url = ep.url
+            if err.status is None:
+                err.status = status
+            err.started_at = started
+            err.first_byte_at = first_byte_at
+            err.ended_at = time.time()
+            if parser is not None:
+                err.provider = err.provider or parser.provider
+                err.model = parser.model
+                err.generation_id = parser.id
+            self._redact.error(err)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s %s failed: %s", method, ep.url, err)
+            raise
+        finally:
+            deadline.cancel()
+            self._balancer.release(ep, healthy)
+        if path is not None:
+            return self._redact.obj(result)
+        result.base_url = ep.url
+        result.started_at = started
+        result.first_byte_at = first_byte_at
+        result.ended_at = time.time()
+        if self.has_key:
+            self._scrub(result)
+        return result
+
+    async def _read(self, resp: aiohttp.ClientResponse, deadline: Deadline,
+                    cap: int | None = None, truncate: bool = False) -> tuple[bytes, bool]:
+        """The whole body (stamping activity for the idle timeout). Over `cap` bytes: cut
+        there when `truncate` (error bodies), else `invalid_response`."""
+        cap = self._max_body if cap is None else cap
+        content = resp.content
+        now = deadline._loop.time
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            block = await content.readany()
+            if not block:
+                break
+            deadline.last = now()
+            chunks.append(block)
+            size += len(block)
+            if size > cap:
+                if truncate:
+                    return b"".join(chunks)[:cap], True
+                raise ApiError("invalid_response",
+                               f"response body larger than {cap // (1024 * 1024)} MiB")
+        if len(chunks) == 1:
+            return chunks[0], False
+        return b"".join(chunks), False
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, deadline: Deadline,
+                           parser: StreamParser) -> None:
+        content = resp.content
+        now = deadline._loop.time
+        feed = parser.feed
+        while True:
+            block = await content.readany()
+            if not block:
+                return
+            deadline.last = now()
+            feed(block)
+            if parser.done:
+                return
+
+    @staticmethod
+    def _parse_json(data: bytes) -> Any:
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise ApiError("invalid_response",
+                           f"response body is not valid JSON: {snippet(data, 120)}") from None
+        if isinstance(obj, dict) and obj.get("error") and "data" not in obj:
+            message, provider = describe_error(obj["error"])
+            raise ApiError("error_in_body", message, provider=provider, body=obj["error"])
+        return obj
+
+    def _scrub(self, resp: ChatResponse) -> None:
+        """Mask the key in an answer (only a server echoing request headers could put it
+        there); costs a few substring checks per response."""
+        r = self._redact
+        for name in ("content", "reasoning", "provider", "model", "id"):
+            value = getattr(resp, name)
+            if value:
+                masked = r.text(value)
+                if masked is not value:
+                    setattr(resp, name, masked)
+        for call in resp.tool_calls:
+            call.arguments = r.text(call.arguments)
+            call.name = r.text(call.name)
+            call.id = r.text(call.id)
+        if resp.usage:
+            resp.usage = r.obj(resp.usage)

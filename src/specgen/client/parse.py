@@ -1,0 +1,427 @@
+"""Response bodies → `ChatResponse`: the non-stream JSON body and the SSE stream.
+
+Both parsers are defensive: anything that is not the documented shape raises
+`ApiError("invalid_response")` with a short message naming the field, and an error reported
+inside a 200 becomes `error_in_body` (non-stream) or `stream_error` (stream), keeping any usage
+the server reported so a failed-but-billed attempt is still counted.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import orjson
+
+from .errors import describe_error, snippet
+from .types import ApiError, ChatResponse, RawToolCall
+
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
+
+MAX_LINE = 16 * 1024 * 1024  # an SSE line longer than this is not a chat chunk
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError("invalid_response", message)
+
+
+def _ids(value: Any, where: str) -> array:
+    if not isinstance(value, list):
+        raise _invalid(f"{where} must be a list of token ids, got {type(value).__name__}")
+    out = array("I")
+    try:
+        out.extend(value)
+    except (TypeError, OverflowError):
+        raise _invalid(f"{where} must hold non-negative integer token ids") from None
+    return out
+
+
+def _text(value: Any, where: str) -> str | None:
+    """A text field: a string, null, or (some servers) a list of `{"text": ...}` parts."""
+    if value is None or value.__class__ is str:
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise _invalid(f"{where} has a part that is not text")
+        return "".join(parts)
+    raise _invalid(f"{where} must be a string, got {type(value).__name__}")
+
+
+def _arguments(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if value.__class__ is str:
+        return value
+    if isinstance(value, dict | list):  # some servers send parsed arguments
+        return orjson.dumps(value).decode()
+    raise _invalid(f"{where} must be a string, got {type(value).__name__}")
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _dict(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _invalid(f"{where} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _failure(kind: str, err: Any, usage: Any, provider: str | None) -> ApiError:
+    message, err_provider = describe_error(err) if err not in (None, True) else (
+        "finish_reason is 'error'", None)
+    return ApiError(
+        kind,  # type: ignore[arg-type]
+        message,
+        provider=err_provider or provider,
+        body=err if isinstance(err, dict | str) else None,
+        usage=usage if isinstance(usage, dict) else None,
+        code=err.get("code") if isinstance(err, dict) else None,
+    )
+
+
+def parse_completion(data: bytes) -> ChatResponse:
+    """A non-stream `/chat/completions` body."""
+    if not data or not data.strip():
+        raise _invalid("empty response body")
+    try:
+        obj = _loads(data)
+    except _JSONDecodeError:
+        raise _invalid(f"response body is not valid JSON: {snippet(data, 120)}") from None
+    if not isinstance(obj, dict):
+        raise _invalid(f"response body must be a JSON object, got {type(obj).__name__}")
+    provider = _opt_str(obj.get("provider"))
+    usage = obj.get("usage")
+    if obj.get("error"):
+        raise _failure("error_in_body", obj["error"], usage, provider)
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise _invalid("response has no choices" if not choices else
+                       f"choices must be a list, got {type(choices).__name__}")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _invalid("choices[0] must be an object")
+    finish = _opt_str(choice.get("finish_reason"))
+    if choice.get("error") or finish == "error":
+        raise _failure("error_in_body", choice.get("error") or True, usage, provider)
+    msg = _dict(choice.get("message"), "choices[0].message")
+    if "message" not in choice:
+        raise _invalid("choices[0] has no message")
+    reasoning, field = msg.get("reasoning"), "reasoning"
+    if not reasoning:
+        alt = msg.get("reasoning_content")
+        if alt:
+            reasoning, field = alt, "reasoning_content"
+    reasoning = _text(reasoning, f"choices[0].message.{field}")
+    calls = msg.get("tool_calls")
+    tool_calls: list[RawToolCall] = []
+    if calls:
+        if not isinstance(calls, list):
+            raise _invalid("choices[0].message.tool_calls must be a list")
+        for i, call in enumerate(calls):
+            where = f"choices[0].message.tool_calls[{i}]"
+            call = _dict(call, where)
+            fn = _dict(call.get("function"), f"{where}.function")
+            name = fn.get("name")
+            if not isinstance(name, str):
+                raise _invalid(f"{where}.function.name must be a string")
+            index = call.get("index")
+            tool_calls.append(RawToolCall(
+                index=index if isinstance(index, int) else i,
+                id=_opt_str(call.get("id")) or "",
+                name=name,
+                arguments=_arguments(fn.get("arguments"), f"{where}.function.arguments"),
+            ))
+    if usage is not None and not isinstance(usage, dict):
+        raise _invalid("usage must be an object")
+    prompt_ids = obj.get("prompt_token_ids")
+    if prompt_ids is None:
+        prompt_ids = choice.get("prompt_token_ids")
+    completion_ids = choice.get("token_ids")
+    return ChatResponse(
+        content=_text(msg.get("content"), "choices[0].message.content"),
+        reasoning=reasoning or None,
+        reasoning_field=field if reasoning else None,
+        tool_calls=tool_calls,
+        finish_reason=finish,
+        native_finish_reason=_opt_str(choice.get("native_finish_reason")),
+        provider=provider,
+        model=_opt_str(obj.get("model")),
+        id=_opt_str(obj.get("id")),
+        usage=usage or {},
+        prompt_token_ids=None if prompt_ids is None
+        else _ids(prompt_ids, "prompt_token_ids").tolist(),
+        completion_token_ids=None if completion_ids is None
+        else _ids(completion_ids, "choices[0].token_ids").tolist(),
+        stream=False,
+    )
+
+
+class _ToolAcc:
+    __slots__ = ("index", "id", "name", "args")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.id = ""
+        self.name = ""
+        self.args: list[str] = []
+
+
+class StreamParser:
+    """Incremental SSE parser: `feed()` raw bytes as they arrive, then `finish()`.
+
+    SSE framing: lines end in LF or CRLF; `data:` lines of one event are joined with "\\n" and
+    the event is dispatched at the blank line; `:` comment lines (`: OPENROUTER PROCESSING`)
+    and other fields (`event:`, `id:`, `retry:`) are skipped; `data: [DONE]` ends the stream.
+    """
+
+    __slots__ = (
+        "_buf", "_data", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
+        "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
+        "_prompt_ids", "_completion_ids", "error", "done", "events",
+    )
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: bytes | None = None
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self.reasoning_field: str | None = None
+        self._tools: dict[int, _ToolAcc] = {}
+        self._last_tool: _ToolAcc | None = None
+        self.finish_reason: str | None = None
+        self.native_finish_reason: str | None = None
+        self.provider: str | None = None
+        self.model: str | None = None
+        self.id: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self._prompt_ids: array | None = None
+        self._completion_ids: array | None = None
+        self.error: Any = None  # a top-level error chunk or choices[0].error; raised at finish
+        self.done = False  # saw [DONE]
+        self.events = 0  # JSON chunks seen
+
+    def feed(self, block: bytes) -> None:
+        """Consume the next bytes of the body (any split: mid-line, mid-CRLF, many events)."""
+        if self._buf:
+            block = self._buf + block
+        if b"\r" in block:
+            block = block.replace(b"\r\n", b"\n")
+        lines = block.split(b"\n")
+        self._buf = lines.pop()
+        if len(self._buf) > MAX_LINE:
+            raise _invalid(f"stream line longer than {MAX_LINE} bytes")
+        data = self._data
+        for line in lines:
+            if not line:
+                if data is not None:
+                    self._event(data)
+                    data = None
+                    if self.done:
+                        break
+            elif line[:5] == b"data:":
+                value = line[5:]
+                if value[:1] == b" ":
+                    value = value[1:]
+                data = value if data is None else data + b"\n" + value
+            # ':' comments and other SSE fields are skipped
+        self._data = data
+
+    def _event(self, data: bytes) -> None:
+        if not data:
+            return
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = _loads(data)
+        except _JSONDecodeError:
+            if b"\n" in data:  # a server that omits the blank line between events
+                for part in data.split(b"\n"):
+                    self._event(part)
+                    if self.done:
+                        break
+                return
+            raise _invalid(f"stream chunk is not valid JSON: {snippet(data, 120)}") from None
+        if chunk.__class__ is not dict:
+            raise _invalid(f"stream chunk must be a JSON object, got {type(chunk).__name__}")
+        self.events += 1
+        self._chunk(chunk)
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        get = chunk.get
+        if self.provider is None:
+            self.provider = _opt_str(get("provider"))
+        if self.model is None:
+            self.model = _opt_str(get("model"))
+        if self.id is None:
+            self.id = _opt_str(get("id"))
+        err = get("error")
+        if err:
+            self.error = err
+        if self._prompt_ids is None:
+            pids = get("prompt_token_ids")
+            if pids is not None:
+                self._prompt_ids = _ids(pids, "prompt_token_ids")
+        usage = get("usage")
+        if usage:
+            if usage.__class__ is not dict:
+                raise _invalid("usage must be an object")
+            self.usage = usage
+        choices = get("choices")
+        if not choices:
+            return
+        if choices.__class__ is not list:
+            raise _invalid(f"choices must be a list, got {type(choices).__name__}")
+        choice = choices[0]
+        if choice.__class__ is not dict:
+            raise _invalid("choices[0] must be an object")
+        cget = choice.get
+        delta = cget("delta")
+        if delta:
+            if delta.__class__ is not dict:
+                raise _invalid("choices[0].delta must be an object")
+            text = delta.get("content")
+            if text:
+                if text.__class__ is not str:
+                    text = _text(text, "choices[0].delta.content")
+                self._content.append(text)
+            text = delta.get("reasoning")
+            field = "reasoning"
+            if not text:
+                text = delta.get("reasoning_content")
+                field = "reasoning_content"
+            if text:
+                if text.__class__ is not str:
+                    text = _text(text, f"choices[0].delta.{field}")
+                self._reasoning.append(text)
+                if self.reasoning_field is None:
+                    self.reasoning_field = field
+            calls = delta.get("tool_calls")
+            if calls:
+                self._tool_deltas(calls)
+        ids = cget("token_ids")
+        if ids:
+            if self._completion_ids is None:
+                self._completion_ids = _ids(ids, "choices[0].token_ids")
+            elif ids.__class__ is list:
+                try:
+                    self._completion_ids.extend(ids)
+                except (TypeError, OverflowError):
+                    raise _invalid("choices[0].token_ids must hold non-negative integer "
+                                   "token ids") from None
+            else:
+                raise _invalid("choices[0].token_ids must be a list of token ids")
+        if self._prompt_ids is None:
+            pids = cget("prompt_token_ids")
+            if pids is not None:
+                self._prompt_ids = _ids(pids, "choices[0].prompt_token_ids")
+        finish = cget("finish_reason")
+        if finish:
+            self.finish_reason = _opt_str(finish)
+            native = cget("native_finish_reason")
+            if native:
+                self.native_finish_reason = _opt_str(native)
+        cerr = cget("error")
+        if cerr:
+            self.error = cerr
+
+    def _tool_deltas(self, calls: Any) -> None:
+        if calls.__class__ is not list:
+            raise _invalid("choices[0].delta.tool_calls must be a list")
+        for frag in calls:
+            if frag.__class__ is not dict:
+                raise _invalid("choices[0].delta.tool_calls[] must be objects")
+            fn = frag.get("function")
+            if fn is None:
+                fn = {}
+            elif fn.__class__ is not dict:
+                raise _invalid("choices[0].delta.tool_calls[].function must be an object")
+            call_id = frag.get("id")
+            index = frag.get("index")
+            if index.__class__ is not int:
+                # No index: a fragment with a new id starts a call, others continue the last.
+                last = self._last_tool
+                if last is not None and (not call_id or call_id == last.id):
+                    index = last.index
+                else:
+                    index = len(self._tools)
+                    while index in self._tools:
+                        index += 1
+            acc = self._tools.get(index)
+            if acc is None:
+                acc = self._tools[index] = _ToolAcc(index)
+            self._last_tool = acc
+            if call_id and not acc.id and call_id.__class__ is str:
+                acc.id = call_id
+            name = fn.get("name")
+            if name:
+                if name.__class__ is not str:
+                    raise _invalid("choices[0].delta.tool_calls[].function.name must be a string")
+                if not acc.name:
+                    acc.name = name
+                elif name != acc.name:
+                    acc.name += name  # a server streaming the name in pieces
+            args = fn.get("arguments")
+            if args:
+                acc.args.append(_arguments(args, "choices[0].delta.tool_calls[].function"
+                                                 ".arguments"))
+
+    def finish(self) -> ChatResponse:
+        """The response after the body ended (at [DONE] or EOF); raises for a failed stream."""
+        if not self.done:
+            tail = self._buf.rstrip(b"\r")
+            self._buf = b""
+            if tail:
+                self.feed(tail + b"\n\n")
+            elif self._data is not None:
+                self.feed(b"\n")
+        if self.error is not None or self.finish_reason == "error":
+            raise self.failure()
+        if not self.done and self.finish_reason is None:
+            raise ApiError(
+                "connection",
+                "stream ended before [DONE] and without a finish_reason "
+                f"({self.events} chunks received)",
+                provider=self.provider,
+                usage=self.usage,
+            )
+        tools = [
+            RawToolCall(index=t.index, id=t.id, name=t.name, arguments="".join(t.args))
+            for t in sorted(self._tools.values(), key=lambda t: t.index)
+        ]
+        reasoning = "".join(self._reasoning)
+        return ChatResponse(
+            content="".join(self._content) if self._content else None,
+            reasoning=reasoning or None,
+            reasoning_field=self.reasoning_field if reasoning else None,
+            tool_calls=tools,
+            finish_reason=self.finish_reason,
+            native_finish_reason=self.native_finish_reason,
+            provider=self.provider,
+            model=self.model,
+            id=self.id,
+            usage=self.usage or {},
+            prompt_token_ids=None if self._prompt_ids is None else self._prompt_ids.tolist(),
+            completion_token_ids=None if self._completion_ids is None
+            else self._completion_ids.tolist(),
+            stream=True,
+        )
+
+    def failure(self) -> ApiError:
+        """The `stream_error` for an error chunk (or finish_reason "error") seen so far."""
+        return _failure("stream_error", self.error if self.error is not None else True,
+                        self.usage, self.provider)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or self.finish_reason == "error"
