@@ -14,6 +14,7 @@ RENDERERS: dict[str, str] = {
     "kimi-k2.5": ".kimi:KimiRenderer",
     "kimi-k2-thinking": ".kimi:KimiK2ThinkingRenderer",
     "kimi-k2-instruct": ".kimi:KimiK2InstructRenderer",
+    "hf": ".hf:HFRenderer",
 }
 
 

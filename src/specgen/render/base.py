@@ -21,6 +21,15 @@ class NotPrefixExtendingError(RenderError):
     """The template re-renders history, so one sequence cannot hold every assistant turn."""
 
 
+def first_difference(a: Sequence, b: Sequence) -> int:
+    """Index of the first position where two sequences differ (the shorter length if one is
+    a prefix of the other)."""
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return k
+    return min(len(a), len(b))
+
+
 @dataclass(slots=True)
 class Sample:
     """Token ids of one training sample and the loss mask over them."""
@@ -64,9 +73,16 @@ class Renderer:
         """The template's text for these messages (what the server would tokenize)."""
         raise NotImplementedError
 
-    def completion_text(self, message: Message | AssistantMessage) -> str:
+    def completion_text(
+        self, message: Message | AssistantMessage, *,
+        context: Sequence[Message] | None = None, tools: Sequence[Tool] | None = None,
+    ) -> str:
         """Text the model samples for this assistant message after the generation prompt,
-        up to and including the stop token (e.g. `<|im_end|>`)."""
+        up to and including the stop token (e.g. `<|im_end|>`).
+
+        `context` (the messages before it) and `tools` matter only for templates whose
+        assistant render depends on history (the `hf` renderer); the Kimi renderers ignore them.
+        """
         raise NotImplementedError
 
     def parse_completion(self, ids: Sequence[int]) -> AssistantMessage:
@@ -83,9 +99,12 @@ class Renderer:
         """Ids of the generation prompt for these messages (what the server feeds the model)."""
         return self.tokenizer.encode(self.render_text(messages, tools, add_generation_prompt=True))
 
-    def completion_ids(self, message: Message | AssistantMessage) -> list[int]:
+    def completion_ids(
+        self, message: Message | AssistantMessage, *,
+        context: Sequence[Message] | None = None, tools: Sequence[Tool] | None = None,
+    ) -> list[int]:
         """Ids the model samples for this assistant message (canonical segmentation)."""
-        return self.tokenizer.encode(self.completion_text(message))
+        return self.tokenizer.encode(self.completion_text(message, context=context, tools=tools))
 
     def sample(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> Sample:
         """One forward pass: prompt of messages[:-1] (mask 0) + sampled ids of messages[-1]
@@ -103,4 +122,6 @@ class Renderer:
 
         Raises NotPrefixExtendingError when a turn's prompt is not a prefix of the next one.
         """
-        raise NotImplementedError
+        from .all_turns import sample_all_turns
+
+        return sample_all_turns(self, messages, tools)

@@ -125,7 +125,8 @@ class KimiRenderer(Renderer):
         reasoning = (msg.reasoning or "") if keep_reasoning and self.thinking else ""
         return f"{THINK}{reasoning}{END_THINK}{body}"
 
-    def completion_text(self, message) -> str:
+    def completion_text(self, message, *, context=None, tools=None) -> str:
+        # Kimi renders an assistant message the same whatever came before it.
         msg = message if isinstance(message, AssistantMessage) else _assistant(message)
         body = msg.content + tool_call_section(msg.tool_calls) + IM_END
         if not self.has_thinking:
@@ -198,11 +199,6 @@ class KimiRenderer(Renderer):
             else:
                 raise RenderError(f"unexpected {special} in completion (state {state})")
         return AssistantMessage(content="".join(content), reasoning=reasoning, tool_calls=tuple(calls))
-
-    def sample_all_turns(self, messages, tools=None):
-        from .all_turns import sample_all_turns
-
-        return sample_all_turns(self, messages, tools)
 
 
 @dataclass
