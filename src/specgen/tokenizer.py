@@ -49,6 +49,7 @@ HUB_TOKENIZER_FILES = (
     "tokenizer.json",
     "chat_template.jinja",
     "special_tokens_map.json",
+    "generation_config.json",  # its eos_token_id list names the stop tokens of some models
 )
 
 DEMO_TOKENIZER_DIR = Path(__file__).parent / "data" / "demo-tokenizer"
@@ -146,6 +147,11 @@ class TiktokenTokenizer(Tokenizer):
                 raise TokenizerError(
                     f"{path / 'tokenizer_config.json'}: bad added_tokens_decoder entry {key!r}: {exc}"
                 ) from None
+            if tid < n_base:
+                raise TokenizerError(
+                    f"{path / 'tokenizer_config.json'}: added token {content!r} has id {tid}, "
+                    f"inside the {n_base} BPE ranks of tiktoken.model"
+                )
             named[tid] = content
         n_special = max(KIMI_NUM_RESERVED_SPECIAL, max(named, default=0) - n_base + 1)
         self.special_tokens = {}
@@ -248,10 +254,14 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
     else:
         path = Path(spec_str).expanduser()
         if not path.exists():
-            if _looks_like_hub_id(spec_str):
-                path = download_tokenizer(spec_str)
-            else:
+            if not _looks_like_hub_id(spec_str):
                 raise TokenizerError(f"tokenizer path {spec_str!r} does not exist")
+            try:
+                path = download_tokenizer(spec_str)
+            except TokenizerError as exc:
+                raise TokenizerError(
+                    f"{spec_str!r} is not a local directory, so it was taken as a hub id: {exc}"
+                ) from None
     return _load_dir(path)
 
 
