@@ -105,16 +105,23 @@ class Balancer:
             eps = self.endpoints
             n = len(eps)
             start = self._next
-            self._next = start + 1 if start + 1 < n else 0
             now = self._clock()
             best = None
+            best_i = start
             for k in range(n):
-                cand = eps[(start + k) % n]
+                i = start + k
+                if i >= n:
+                    i -= n
+                cand = eps[i]
                 if cand.cooled_until > now:
                     continue
                 if best is None or cand.in_flight < best.in_flight:
-                    best = cand
-            ep = best if best is not None else min(eps, key=lambda e: e.cooled_until)
+                    best, best_i = cand, i
+            if best is None:
+                best = min(eps, key=lambda e: e.cooled_until)
+            # The next search starts after this one, so ties rotate over the healthy URLs.
+            self._next = best_i + 1 if best_i + 1 < n else 0
+            ep = best
         ep.in_flight += 1
         ep.requests += 1
         return ep

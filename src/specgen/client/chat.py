@@ -266,7 +266,7 @@ class ChatClient:
                         raise error_from_response(status, resp.headers, body,
                                                   truncated=truncated)
                     if path is not None:
-                        result = self._parse_json(await self._read(resp, deadline)[0])
+                        result = self._parse_json((await self._read(resp, deadline))[0])
                     else:
                         ctype = resp.content_type
                         if ctype == "text/event-stream" or (stream and ctype != "application/json"):
@@ -301,7 +301,6 @@ class ChatClient:
                 raise ApiError(
                     "invalid_response",
                     f"malformed HTTP response: {snippet(exc.message or type(exc).__name__)}",
-                    status=exc.status or None,
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
                 if parser is not None and parser.failed:
