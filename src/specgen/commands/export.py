@@ -1,0 +1,54 @@
+"""`specgen export RUN_DIR --format tokens|specforge|openai`: training files + a manifest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export", help="write the run's samples as training files (tokens, specforge, openai)",
+        description="Stream the stored samples of a run into files drafter trainers load "
+                    "unchanged, with a manifest JSON next to them. Safe while the run is "
+                    "still writing (one consistent snapshot per export).")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--format", "-f", required=True, choices=["tokens", "specforge", "openai"],
+                   help="tokens: input_ids + loss_mask (Parquet, or JSONL with --jsonl); "
+                        "specforge: SpecForge conversation JSONL; openai: OpenAI messages JSONL")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="output file (a directory with --split-by-dataset); "
+                        "default RUN_DIR/exports/FORMAT.EXT")
+    p.add_argument("--dataset", action="append", default=[], metavar="NAME",
+                   help="export only this dataset (repeatable)")
+    p.add_argument("--jsonl", action="store_true", help="tokens as JSONL instead of Parquet")
+    p.add_argument("--split-by-dataset", action="store_true",
+                   help="one file per dataset in the output directory")
+    p.add_argument("--merge-prefix", action="store_true",
+                   help="tokens: merge a conversation's samples into one row when each is an "
+                        "id-level prefix of the next (every sampled span masked)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..export import ExportError, ExportOptions, export_run
+    from ..store import StoreError
+
+    opts = ExportOptions(
+        format=args.format, out=Path(args.output) if args.output else None,
+        datasets=list(args.dataset), jsonl=args.jsonl,
+        split_by_dataset=args.split_by_dataset, merge_prefix=args.merge_prefix)
+    try:
+        manifest = export_run(args.run_dir, opts)
+    except (ExportError, StoreError) as exc:
+        print(f"specgen export: {exc}", file=sys.stderr)
+        return 2
+    t = manifest["totals"]
+    out = Path(manifest["options"]["out"])
+    for f in manifest["files"]:
+        print(f"wrote {f['rows']} rows to {out / f['path'] if opts.split_by_dataset else out}")
+    print(f"{t['samples']} samples, {t['tokens']} tokens ({t['loss_tokens']} trained on); "
+          f"manifest {manifest['manifest_path']}")
+    return 0

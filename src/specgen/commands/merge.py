@@ -1,0 +1,43 @@
+"""`specgen merge RUN_DIR… -o RUN_DIR`: combine shard runs of one config into one run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "merge", help="combine the run dirs of shards (--shard i/N) of one config",
+        description="Merge run stores of one config (same config hash) into a new run dir "
+                    "without duplicate conversations; export, verify and report work on it.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("-o", "--output", required=True, metavar="RUN_DIR",
+                   help="new run dir to write (must not hold a run yet)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson
+
+    from ..merge import MergeError, merge_runs
+    from ..store import StoreError
+
+    try:
+        summary = merge_runs(args.run_dirs, args.output)
+    except (MergeError, StoreError) as exc:
+        print(f"specgen merge: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    shards = ", ".join(f"{i['run_dir']} ({i['shard'] or 'unsharded'}, {i['results']} samples)"
+                       for i in summary.inputs)
+    print(f"merged {shards}")
+    print(f"into {args.output}: {summary.conversations} conversations, {summary.results} samples, "
+          f"{summary.attempts} attempts, {summary.sessions} sessions, {summary.events} events")
+    if summary.duplicate_conversations:
+        print(f"  {summary.duplicate_conversations} duplicate conversation(s): kept the most "
+              f"complete copy; {summary.attempts_left_out} attempt(s) of dropped copies left out")
+    return 0

@@ -1,0 +1,42 @@
+"""`specgen report RUN_DIR [-o report.html] [--text]`: what a run produced and cost."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="write a self-contained HTML report of a run (or print it as text)",
+        description="Tokens and cost per dataset and provider, completion lengths, finish "
+                    "reasons, errors over time, latency percentiles, repairs, quarantines, "
+                    "budget and stops. Safe while the run is still writing.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="HTML file to write (default RUN_DIR/report.html)")
+    p.add_argument("--text", action="store_true", help="print the numbers in the terminal")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..report import build_report
+    from ..store import StoreError
+
+    try:
+        out = build_report(args.run_dir, text=args.text)
+    except StoreError as exc:
+        print(f"specgen report: {exc}", file=sys.stderr)
+        return 2
+    if args.text:
+        sys.stdout.write(out)
+        return 0
+    path = Path(args.output) if args.output else Path(args.run_dir) / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(out, encoding="utf-8")
+    tmp.replace(path)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,236 @@
+"""`specgen export`: stream a run's samples from the store into training files + a manifest."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..store import ResultRow, Store
+from .conversations import (
+    group_by_conversation,
+    openai_row,
+    regenerated_conversations,
+    specforge_row,
+)
+from .snapshot import read_snapshot
+from .tokens import parquet_schema, token_row, token_samples
+from .writers import JsonlWriter, ParquetWriter, Writer
+
+FORMATS = ("tokens", "specforge", "openai")
+
+
+class ExportError(Exception):
+    """The export cannot be made (bad option, unknown dataset, unreadable sample)."""
+
+
+@dataclass
+class ExportOptions:
+    format: str
+    out: Path | None = None  # file, or directory with split_by_dataset; default under run_dir
+    datasets: list[str] = field(default_factory=list)  # empty: all
+    jsonl: bool = False  # tokens as JSONL instead of Parquet
+    split_by_dataset: bool = False
+    merge_prefix: bool = False
+
+    def extension(self) -> str:
+        return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
+
+
+@dataclass
+class DatasetTotals:
+    rows: int = 0  # rows written
+    samples: int = 0  # stored samples they hold
+    conversations: int = 0
+    tokens: int = 0  # sum of len(input_ids) over the stored samples
+    loss_tokens: int = 0  # sum of loss_mask (the tokens a drafter trains on)
+    exported_tokens: int = 0  # ids in the written rows (< tokens after --merge-prefix)
+    prompt_tokens: int = 0  # usage as reported by the API
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def add_samples(self, rows: Sequence[ResultRow]) -> None:
+        self.conversations += 1
+        for r in rows:
+            self.samples += 1
+            self.tokens += len(r.input_ids)
+            self.loss_tokens += len(r.input_ids) - r.n_prompt
+            self.prompt_tokens += r.prompt_tokens or 0
+            self.completion_tokens += r.completion_tokens or 0
+            self.cost_usd += r.cost_usd or 0.0
+
+
+def default_out(run_dir: Path, opts: ExportOptions) -> Path:
+    base = Path(run_dir) / "exports"
+    return base / opts.format if opts.split_by_dataset else base / f"{opts.format}{opts.extension()}"
+
+
+def manifest_path(out: Path, split: bool) -> Path:
+    return out / "manifest.json" if split else out.with_name(out.stem + ".manifest.json")
+
+
+def safe_name(name: str) -> str:
+    """A dataset name as a file name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "dataset"
+
+
+def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
+    """Write the export described by `opts`; returns the manifest (also written to disk)."""
+    run_dir = Path(run_dir)
+    if opts.format not in FORMATS:
+        raise ExportError(f"unknown export format {opts.format!r}; choose one of {', '.join(FORMATS)}")
+    if opts.merge_prefix and opts.format != "tokens":
+        raise ExportError("--merge-prefix applies to --format tokens only")
+    out = Path(opts.out) if opts.out else default_out(run_dir, opts)
+    if opts.split_by_dataset and out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: --split-by-dataset writes a directory, but a file is there")
+    if not opts.split_by_dataset and out.is_dir():
+        raise ExportError(f"{out} is a directory; give a file name (or use --split-by-dataset)")
+
+    with read_snapshot(run_dir) as store:
+        names = store.dataset_names()
+        unknown = [d for d in opts.datasets if d not in names]
+        if unknown:
+            raise ExportError(
+                f"{run_dir}: no dataset named {', '.join(map(repr, unknown))} in this run "
+                f"(datasets: {', '.join(names) or 'none'})")
+        selected = [d for d in names if not opts.datasets or d in opts.datasets]
+        meta = store.meta()
+        totals, files = _write(store, selected, out, opts, meta)
+
+    manifest = build_manifest(run_dir, meta, opts, out, selected, totals, files)
+    import orjson
+
+    mpath = manifest_path(out, opts.split_by_dataset)
+    mpath.parent.mkdir(parents=True, exist_ok=True)
+    mpath.write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
+    manifest["manifest_path"] = str(mpath)
+    return manifest
+
+
+def _write(store: Store, selected: list[str], out: Path, opts: ExportOptions,
+           meta: dict[str, str]) -> tuple[dict[str, DatasetTotals], list[dict[str, Any]]]:
+    totals = {d: DatasetTotals() for d in selected}
+    writers: dict[str, Writer] = {}
+    files: list[dict[str, Any]] = []
+    used_names: dict[str, str] = {}
+
+    def writer_for(dataset: str) -> Writer:
+        key = dataset if opts.split_by_dataset else ""
+        if key not in writers:
+            if opts.split_by_dataset:
+                fname = safe_name(dataset) + opts.extension()
+                if fname in used_names:
+                    raise ExportError(f"datasets {used_names[fname]!r} and {dataset!r} map to "
+                                      f"the same file name {fname}")
+                used_names[fname] = dataset
+                path = out / fname
+            else:
+                path = out
+            writers[key] = _open_writer(path, opts, meta)
+        return writers[key]
+
+    if not opts.split_by_dataset:
+        writer_for("")  # one file, even when the run has no samples yet
+    try:
+        groups = group_by_conversation(_checked(store.iter_results(selected)))
+        if opts.format == "tokens":
+            for rows, samples in token_samples(groups, merge=opts.merge_prefix):
+                t = totals[rows[0].dataset]
+                t.add_samples(rows)
+                w = writer_for(rows[0].dataset)
+                for s in samples:
+                    w.write(token_row(s, merged=opts.merge_prefix))
+                    t.rows += 1
+                    t.exported_tokens += len(s.input_ids)
+        else:
+            make_row = specforge_row if opts.format == "specforge" else openai_row
+            for rows in groups:
+                t = totals[rows[0].dataset]
+                t.add_samples(rows)
+                t.exported_tokens += sum(len(r.input_ids) for r in rows)
+                w = writer_for(rows[0].dataset)
+                for conv in regenerated_conversations(rows):
+                    w.write(make_row(conv))
+                    t.rows += 1
+        for key, w in writers.items():
+            entry = w.close()
+            entry["dataset"] = key or None
+            files.append(entry)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    return totals, files
+
+
+def _checked(rows):
+    """Turn an undecodable stored sample into an ExportError naming it (and `specgen verify`)."""
+    it = iter(rows)
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ExportError(f"a stored sample cannot be read ({exc}); run `specgen verify` "
+                              "to find it") from None
+        yield row
+
+
+def _open_writer(path: Path, opts: ExportOptions, meta: dict[str, str]) -> Writer:
+    if opts.format == "tokens" and not opts.jsonl:
+        return ParquetWriter(path, parquet_schema(merged=opts.merge_prefix), metadata={
+            "specgen.config_hash": meta.get("config_hash", ""),
+            "specgen.tokenizer_fingerprint": meta.get("tokenizer_fingerprint", ""),
+            "specgen.renderer": meta.get("renderer", ""),
+            "specgen.model": meta.get("model", ""),
+        })
+    return JsonlWriter(path)
+
+
+def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out: Path,
+                   selected: list[str], totals: dict[str, DatasetTotals],
+                   files: list[dict[str, Any]]) -> dict[str, Any]:
+    from .. import __version__
+
+    per = {d: asdict(t) for d, t in totals.items()}
+    total = DatasetTotals()
+    for t in totals.values():
+        for k in asdict(total):
+            setattr(total, k, getattr(total, k) + getattr(t, k))
+    options = asdict(opts)
+    options["out"] = str(out)
+    return {
+        "specgen_version": __version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "run_dir": str(run_dir.resolve()),
+        "format": opts.format,
+        "options": options,
+        "config_hash": meta.get("config_hash"),
+        "tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
+        "renderer": meta.get("renderer"),
+        "model": meta.get("model"),
+        "thinking": meta.get("thinking"),
+        "shard": meta.get("shard") or None,
+        "merged_from": _json_or_none(meta.get("merged_from")),
+        "datasets": selected,
+        "files": files,
+        "totals": asdict(total),
+        "per_dataset": per,
+        "loss_mask": "1 on the ids the model sampled (completion), 0 on the prompt",
+    }
+
+
+def _json_or_none(value: str | None):
+    if not value:
+        return None
+    import orjson
+
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value

@@ -1,0 +1,131 @@
+"""The `tokens` export: one row per training sample, `input_ids` + `loss_mask` + metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from ..store import ResultRow
+from .conversations import sample_id
+
+
+@dataclass(slots=True)
+class TokenSample:
+    """One exported sample (one stored sample, or several merged by `--merge-prefix`)."""
+
+    dataset: str
+    conv_id: str
+    turn: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    n_prompt: int
+    provider: str | None
+    model: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning_tokens: int | None
+    cost_usd: float | None
+    turns: list[int] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return sample_id(self.dataset, self.conv_id, self.turn)
+
+    @classmethod
+    def from_row(cls, r: ResultRow) -> TokenSample:
+        return cls(
+            dataset=r.dataset, conv_id=r.conv_id, turn=r.turn, input_ids=r.input_ids,
+            loss_mask=r.loss_mask, n_prompt=r.n_prompt, provider=r.provider, model=r.model,
+            finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens, reasoning_tokens=r.reasoning_tokens,
+            cost_usd=r.cost_usd, turns=[r.turn],
+        )
+
+
+def is_prefix(a: list[int], b: list[int]) -> bool:
+    return len(a) <= len(b) and b[: len(a)] == a
+
+
+def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
+    """Merge consecutive samples of one conversation where each is an id-level prefix of the
+    next: the longer sequence with every sampled span masked (masks OR-ed). Samples where the
+    property does not hold stay separate."""
+    out: list[TokenSample] = []
+    for s in samples:
+        prev = out[-1] if out else None
+        if prev is not None and is_prefix(prev.input_ids, s.input_ids):
+            mask = list(s.loss_mask)
+            for i, m in enumerate(prev.loss_mask):
+                if m:
+                    mask[i] = 1
+            out[-1] = TokenSample(
+                dataset=s.dataset, conv_id=s.conv_id, turn=s.turn, input_ids=s.input_ids,
+                loss_mask=mask, n_prompt=prev.n_prompt,
+                provider=_join(prev.provider, s.provider), model=_join(prev.model, s.model),
+                finish_reason=s.finish_reason,
+                prompt_tokens=_add(prev.prompt_tokens, s.prompt_tokens),
+                completion_tokens=_add(prev.completion_tokens, s.completion_tokens),
+                reasoning_tokens=_add(prev.reasoning_tokens, s.reasoning_tokens),
+                cost_usd=_add(prev.cost_usd, s.cost_usd), turns=[*prev.turns, s.turn],
+            )
+        else:
+            out.append(s)
+    return out
+
+
+def token_samples(
+    groups: Iterable[list[ResultRow]], *, merge: bool
+) -> Iterator[tuple[list[ResultRow], list[TokenSample]]]:
+    """(the stored samples of one conversation, the rows to export for them)."""
+    for rows in groups:
+        samples = [TokenSample.from_row(r) for r in rows]
+        yield rows, merge_prefix(samples) if merge else samples
+
+
+def _join(a: str | None, b: str | None) -> str | None:
+    if a is None or a == b:
+        return b
+    if b is None or b in a.split(","):
+        return a
+    return f"{a},{b}"
+
+
+def _add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+# -- writers ----------------------------------------------------------------------------------
+def token_row(s: TokenSample, *, merged: bool) -> dict:
+    row = {
+        "id": s.id, "dataset": s.dataset, "conv_id": s.conv_id, "turn": s.turn,
+        "input_ids": s.input_ids, "loss_mask": s.loss_mask, "length": len(s.input_ids),
+        "n_prompt": s.n_prompt, "num_loss_tokens": sum(s.loss_mask),
+        "provider": s.provider, "model": s.model, "finish_reason": s.finish_reason,
+        "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+        "reasoning_tokens": s.reasoning_tokens, "cost_usd": s.cost_usd,
+    }
+    if merged:
+        row["merged_turns"] = s.turns
+    return row
+
+
+def parquet_schema(*, merged: bool):
+    import pyarrow as pa
+
+    fields = [
+        ("id", pa.string()), ("dataset", pa.string()), ("conv_id", pa.string()),
+        ("turn", pa.int32()), ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())), ("length", pa.int32()), ("n_prompt", pa.int32()),
+        ("num_loss_tokens", pa.int32()), ("provider", pa.string()), ("model", pa.string()),
+        ("finish_reason", pa.string()), ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()), ("reasoning_tokens", pa.int64()),
+        ("cost_usd", pa.float64()),
+    ]
+    if merged:
+        fields.append(("merged_turns", pa.list_(pa.int32())))
+    return pa.schema(fields)

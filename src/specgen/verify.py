@@ -1,0 +1,395 @@
+"""`specgen verify`: re-check every stored sample against a fresh render.
+
+For each sample the run's renderer re-renders the stored request (messages + tools as sent)
+and the normalised answer, and the stored ids must equal that render exactly:
+
+* `blob`        the stored ids and JSON decode at all (a truncated blob fails here)
+* `vocab`       every id lies inside the tokenizer's vocabulary
+* `mask`        n_prompt (the mask-0 run) equals the length of the rendered prompt, so the
+                loss mask covers exactly the sampled part
+* `prompt_ids` / `completion_ids`   the two parts equal the render, id by id
+* `text`        the ids decode to the rendered text (prompt and completion separately)
+* `specials`    the completion holds exactly one stop token, at its end; tool-call markers are
+                balanced and as many as the message's tool calls; special-token counts of
+                the prompt equal the render's
+* `parse`       parsing the completion ids gives back the stored message
+
+Where the backend returned true ids, their agreement with ours is a measurement: the share
+of samples whose prompt and completion ids equal ours exactly. It counts as a failure only
+beyond `max_true_mismatch` (docs/outputs.md explains the default and the simulator's raw mode).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .conversation import AssistantMessage
+from .export.snapshot import read_snapshot
+from .store import RESULT_COLUMNS, ResultRow, _result_row
+
+DEFAULT_MAX_TRUE_MISMATCH = 0.02
+SHOW = 5  # examples kept per check / per true-id kind
+
+# Kimi-family tool-call markers: (open, close) pairs that must balance, and the per-call ones.
+TOOL_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+TOOL_CALL = ("<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+
+
+class VerifyError(Exception):
+    """The run cannot be verified at all (no store, tokenizer missing or different)."""
+
+
+@dataclass
+class Problem:
+    check: str
+    task: int | None
+    dataset: str | None
+    conv_id: str | None
+    turn: int | None
+    detail: str
+
+
+@dataclass
+class TrueIdStats:
+    """Agreement of our ids with the ids the backend reported (one kind: prompt/completion)."""
+
+    checked: int = 0
+    equal: int = 0
+    equal_but_stop: int = 0  # equal once the final stop token is left out (backend omits it)
+    same_text: int = 0  # differ as ids but decode to the same text (another segmentation)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def mismatched(self) -> int:
+        return self.checked - self.equal - self.equal_but_stop
+
+    @property
+    def mismatch_rate(self) -> float:
+        return self.mismatched / self.checked if self.checked else 0.0
+
+
+@dataclass
+class VerifyReport:
+    run_dir: str
+    renderer: str
+    samples: int = 0
+    samples_ok: int = 0
+    failures: Counter = field(default_factory=Counter)  # check -> samples failing it
+    problems: list[Problem] = field(default_factory=list)  # first SHOW per check
+    store_problems: list[str] = field(default_factory=list)
+    true_prompt: TrueIdStats = field(default_factory=TrueIdStats)
+    true_completion: TrueIdStats = field(default_factory=TrueIdStats)
+    max_true_mismatch: float = DEFAULT_MAX_TRUE_MISMATCH
+
+    @property
+    def true_ids_ok(self) -> bool:
+        return all(s.mismatch_rate <= self.max_true_mismatch
+                   for s in (self.true_prompt, self.true_completion))
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.store_problems and self.true_ids_ok
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def add_sample(self, problems: list[Problem]) -> None:
+        """Record one sample's problems: counted once per failing check."""
+        if not problems:
+            self.samples_ok += 1
+            return
+        by_check: dict[str, list[Problem]] = {}
+        for p in problems:
+            by_check.setdefault(p.check, []).append(p)
+        for check, ps in by_check.items():
+            self.failures[check] += 1
+            if self.failures[check] <= SHOW:
+                first = ps[0]
+                if len(ps) > 1:
+                    first.detail = "; ".join(p.detail for p in ps)
+                self.problems.append(first)
+
+    def to_json(self) -> dict[str, Any]:
+        def stats(s: TrueIdStats) -> dict[str, Any]:
+            return {**asdict(s), "mismatched": s.mismatched, "mismatch_rate": s.mismatch_rate}
+
+        return {
+            "run_dir": self.run_dir, "renderer": self.renderer, "ok": self.ok,
+            "samples": self.samples, "samples_ok": self.samples_ok,
+            "failures": dict(self.failures), "problems": [asdict(p) for p in self.problems],
+            "store_problems": self.store_problems,
+            "true_ids": {"prompt": stats(self.true_prompt),
+                         "completion": stats(self.true_completion),
+                         "max_mismatch_rate": self.max_true_mismatch, "ok": self.true_ids_ok},
+        }
+
+
+def run_tokenizer_and_renderer(meta: dict[str, str], tokenizer: str | None = None):
+    """The run's tokenizer and renderer from its meta (or `tokenizer` overriding the path)."""
+    from .render import RenderError, get_renderer
+    from .tokenizer import TokenizerError, load_tokenizer
+
+    try:
+        config = orjson.loads(meta.get("config_json") or "{}")
+    except orjson.JSONDecodeError:
+        config = {}
+    spec = tokenizer or (config.get("target") or {}).get("tokenizer")
+    if not spec:
+        raise VerifyError("the run's config names no tokenizer; pass --tokenizer PATH")
+    try:
+        tok = load_tokenizer(spec)
+    except TokenizerError as exc:
+        raise VerifyError(f"cannot load the run's tokenizer: {exc} (pass --tokenizer PATH)") from None
+    want = meta.get("tokenizer_fingerprint")
+    if want and tok.fingerprint != want:
+        raise VerifyError(
+            f"tokenizer at {spec} differs from the one the run used (fingerprint "
+            f"{tok.fingerprint[:12]} vs {want[:12]}); pass --tokenizer with the run's files")
+    name = meta.get("renderer") or (config.get("target") or {}).get("renderer")
+    if not name:
+        raise VerifyError("the run's meta names no renderer")
+    try:
+        return tok, get_renderer(name, tok, thinking=parse_flag(meta.get("thinking"), True))
+    except RenderError as exc:
+        raise VerifyError(str(exc)) from None
+
+
+def parse_flag(value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
+               datasets: Sequence[str] | None = None,
+               max_true_mismatch: float = DEFAULT_MAX_TRUE_MISMATCH) -> VerifyReport:
+    """Check every stored sample of a run (consistent snapshot; safe while it runs)."""
+    with read_snapshot(run_dir) as store:
+        meta = store.meta()
+        tok, renderer = run_tokenizer_and_renderer(meta, tokenizer)
+        report = VerifyReport(run_dir=str(run_dir), renderer=renderer.name,
+                              max_true_mismatch=max_true_mismatch)
+        checker = SampleChecker(tok, renderer)
+        sql = (f"SELECT {RESULT_COLUMNS} FROM results r "
+               "LEFT JOIN conversations c ON c.id = r.conversation "
+               "LEFT JOIN datasets d ON d.name = r.dataset ")
+        args: list[Any] = []
+        if datasets:
+            sql += f"WHERE r.dataset IN ({','.join('?' * len(datasets))}) "
+            args.extend(datasets)
+        sql += "ORDER BY d.position, c.row_index, r.turn, r.task"
+        cur = store.conn.execute(sql, args)
+        while rows := cur.fetchmany(256):
+            for raw in rows:
+                report.samples += 1
+                try:
+                    row = _result_row(raw)
+                except Exception as exc:  # noqa: BLE001 - any decoding error is a bad blob
+                    report.add_sample([Problem("blob", raw[0], raw[3], raw[2], raw[4],
+                                               f"stored sample cannot be decoded: {exc}")])
+                    continue
+                report.add_sample(checker.check(row, report))
+        report.store_problems = store_consistency(store)
+    return report
+
+
+def store_consistency(store) -> list[str]:
+    """Cross-table checks: every done task has exactly one sample and vice versa."""
+    out = []
+    n = store.conn.execute(
+        "SELECT COUNT(*) FROM tasks t LEFT JOIN results r ON r.task = t.id "
+        "WHERE t.status = 'done' AND r.task IS NULL").fetchone()[0]
+    if n:
+        out.append(f"{n} task(s) marked done have no stored sample")
+    n = store.conn.execute(
+        "SELECT COUNT(*) FROM results r LEFT JOIN tasks t ON t.id = r.task "
+        "WHERE t.id IS NULL OR t.status != 'done' OR t.conversation != r.conversation "
+        "OR t.turn != r.turn").fetchone()[0]
+    if n:
+        out.append(f"{n} stored sample(s) do not match a done task (conversation/turn)")
+    return out
+
+
+class SampleChecker:
+    """The per-sample checks (see the module docstring)."""
+
+    def __init__(self, tok, renderer):
+        self.tok = tok
+        self.renderer = renderer
+        self.stop_ids = renderer.stop_token_ids
+        sp = tok.special_tokens
+        self.section = tuple(sp.get(t) for t in TOOL_SECTION)
+        self.call = tuple(sp.get(t) for t in TOOL_CALL)
+
+    def check(self, row: ResultRow, report: VerifyReport) -> list[Problem]:
+        """The problems of one sample (empty when it passes); true ids go into `report`."""
+        problems: list[Problem] = []
+
+        def problem(check: str, detail: str) -> None:
+            problems.append(Problem(check, row.task, row.dataset, row.conv_id, row.turn, detail))
+
+        ids, n_prompt = row.input_ids, row.n_prompt
+        vocab = self.tok.vocab_size
+        bad = [i for i in ids if i >= vocab]
+        if bad:
+            problem("vocab", f"{len(bad)} id(s) outside the vocabulary (size {vocab}), e.g. {bad[0]}")
+            return problems
+        messages = list(row.request.get("messages") or [])
+        tools = row.request.get("tools") or None
+        try:
+            sample = self.renderer.sample([*messages, row.message], tools)
+            prompt_text = self.renderer.render_text(messages, tools, add_generation_prompt=True)
+            completion_text = self.renderer.completion_text(row.message, context=messages,
+                                                            tools=tools)
+        except Exception as exc:  # noqa: BLE001 - a sample that cannot be re-rendered is wrong
+            problem("render", f"cannot re-render the stored request: {exc}")
+            return problems
+        want_prompt = sample.input_ids[: sample.n_prompt]
+        want_completion = sample.input_ids[sample.n_prompt:]
+        if not 0 <= n_prompt <= len(ids):
+            problem("mask", f"n_prompt {n_prompt} outside the sample (length {len(ids)})")
+            return problems
+        if n_prompt != len(want_prompt):
+            problem("mask", f"n_prompt is {n_prompt} but the prompt renders to "
+                            f"{len(want_prompt)} tokens: the loss mask does not cover exactly "
+                            "the sampled part")
+        got_prompt, got_completion = ids[:n_prompt], ids[n_prompt:]
+        if ids[: len(want_prompt)] != want_prompt:
+            problem("prompt_ids", self._diff(ids[: len(want_prompt)], want_prompt))
+        if ids[len(want_prompt):] != want_completion:
+            problem("completion_ids", self._diff(ids[len(want_prompt):], want_completion))
+        if self.tok.decode(got_prompt) != prompt_text:
+            problem("text", "prompt ids do not decode to the rendered prompt text")
+        if self.tok.decode(got_completion) != completion_text:
+            problem("text", "completion ids do not decode to the rendered completion text")
+        self._check_specials(row, got_prompt, want_prompt, got_completion, problem)
+        self._check_parse(row, got_completion, problem)
+        self._true_ids(row, got_prompt, got_completion, report)
+        return problems
+
+    def _check_specials(self, row, got_prompt, want_prompt, completion, problem) -> None:
+        stops = [i for i, t in enumerate(completion) if t in self.stop_ids]
+        if len(stops) != 1 or stops[0] != len(completion) - 1:
+            problem("specials", f"completion holds {len(stops)} stop token(s)"
+                                f"{' not at its end' if len(stops) == 1 else ''}; expected one, last")
+        calls = len(row.message.get("tool_calls") or ())
+        if None not in self.section:
+            opens, closes = (completion.count(t) for t in self.section)
+            if opens != closes or opens != (1 if calls else 0):
+                problem("specials", f"tool-call section markers {opens} open / {closes} close "
+                                    f"for {calls} tool call(s)")
+        if None not in self.call:
+            counts = [completion.count(t) for t in self.call]
+            if any(c != calls for c in counts):
+                problem("specials", f"tool-call markers begin/argument/end {counts} for "
+                                    f"{calls} tool call(s)")
+        specials = self.tok.id_to_special
+        got = Counter(t for t in got_prompt if t in specials)
+        want = Counter(t for t in want_prompt if t in specials)
+        if got != want:
+            diff = {specials[t]: got[t] - want[t] for t in set(got) | set(want) if got[t] != want[t]}
+            problem("specials", f"prompt special-token counts differ from the render: {diff}")
+
+    def _check_parse(self, row, completion, problem) -> None:
+        try:
+            parsed = self.renderer.parse_completion(completion)
+        except NotImplementedError:
+            return
+        except Exception as exc:  # noqa: BLE001
+            problem("parse", f"completion ids do not parse: {exc}")
+            return
+        stored = AssistantMessage.from_openai(row.message)
+        mismatch = []
+        if parsed.content != stored.content:
+            mismatch.append("content")
+        if (parsed.reasoning or "") != (stored.reasoning or ""):
+            mismatch.append("reasoning")
+        if [(c.id, c.arguments) for c in parsed.tool_calls] != [
+                (c.id, c.arguments) for c in stored.tool_calls]:
+            mismatch.append("tool calls")
+        if mismatch:
+            problem("parse", f"completion ids parse to a different {', '.join(mismatch)} "
+                             "than the stored message")
+
+    def _true_ids(self, row: ResultRow, prompt, completion, report: VerifyReport) -> None:
+        for kind, ours, theirs, stats in (
+                ("prompt", prompt, row.true_prompt_ids, report.true_prompt),
+                ("completion", completion, row.true_completion_ids, report.true_completion)):
+            if theirs is None:
+                continue
+            stats.checked += 1
+            if theirs == ours:
+                stats.equal += 1
+                continue
+            if kind == "completion" and ours and ours[-1] in self.stop_ids and theirs == ours[:-1]:
+                stats.equal_but_stop += 1
+                continue
+            if self.tok.decode(theirs) == self.tok.decode(ours):
+                stats.same_text += 1
+            if len(stats.examples) < SHOW:
+                stats.examples.append(self._true_example(row, ours, theirs))
+
+    def _true_example(self, row: ResultRow, ours, theirs) -> dict[str, Any]:
+        at = first_diff(ours, theirs)
+        lo = max(0, at - 3)
+        return {
+            "task": row.task, "dataset": row.dataset, "conv_id": row.conv_id, "turn": row.turn,
+            "position": at, "ours_len": len(ours), "theirs_len": len(theirs),
+            "ours": ours[lo: at + 6], "theirs": theirs[lo: at + 6],
+            "ours_text": self.tok.decode(ours[lo: at + 6]),
+            "theirs_text": self.tok.decode(theirs[lo: at + 6]),
+        }
+
+    def _diff(self, got, want) -> str:
+        at = first_diff(got, want)
+        lo = max(0, at - 2)
+        return (f"differs from the render at token {at} (stored {len(got)} ids, render "
+                f"{len(want)}): stored {self.tok.decode(got[lo: at + 4])!r} vs render "
+                f"{self.tok.decode(want[lo: at + 4])!r}")
+
+
+def first_diff(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def format_report(r: VerifyReport) -> str:
+    """The plain-text summary `specgen verify` prints."""
+    lines = [f"verify {r.run_dir}  (renderer {r.renderer})",
+             f"  samples checked      {r.samples}",
+             f"  samples passing      {r.samples_ok}"]
+    if r.failures:
+        lines.append("  failing checks:")
+        for check, n in sorted(r.failures.items()):
+            lines.append(f"    {check:<16} {n} sample(s)")
+        lines.append("  first problems:")
+        for p in r.problems:
+            lines.append(f"    [{p.check}] {p.dataset}/{p.conv_id} turn {p.turn} (task {p.task}): "
+                         f"{p.detail}")
+    for msg in r.store_problems:
+        lines.append(f"  store: {msg}")
+    for kind, s in (("prompt", r.true_prompt), ("completion", r.true_completion)):
+        if not s.checked:
+            lines.append(f"  {'true ' + kind + ' ids':<20} none returned by the backend")
+            continue
+        extra = f", {s.equal_but_stop} equal without the final stop token" if s.equal_but_stop else ""
+        lines.append(f"  {'true ' + kind + ' ids':<20} {s.equal}/{s.checked} equal ours exactly "
+                     f"({100 * (s.equal + s.equal_but_stop) / s.checked:.2f}% match{extra}); "
+                     f"{s.mismatched} differ, {s.same_text} of them same text")
+        for ex in s.examples:
+            lines.append(f"    {ex['dataset']}/{ex['conv_id']} turn {ex['turn']}: first "
+                         f"difference at {ex['position']}: ours {ex['ours_text']!r} "
+                         f"{ex['ours']} vs theirs {ex['theirs_text']!r} {ex['theirs']}")
+    if not r.true_ids_ok:
+        lines.append(f"  true-id mismatch rate above --max-true-mismatch {r.max_true_mismatch:g}")
+    lines.append("OK" if r.ok else "FAILED")
+    return "\n".join(lines)
