@@ -1,0 +1,178 @@
+"""`specgen tokenize`: offline, exact tokenization of a conversation file into training samples.
+
+    specgen tokenize --renderer kimi-k2.5 --tokenizer DIR IN.jsonl -o OUT.jsonl
+                     [--all-turns] [--skip-invalid] [--no-thinking]
+
+Each input line is `{"messages": [...], "tools": [...]?, "id": ...?}` (OpenAI chat format);
+each output line is `{"id"?, "input_ids": [...], "loss_mask": [...]}`. The file is streamed:
+memory stays flat however many lines it has. The output is written to a temporary file and
+renamed into place at the end, so a failed run never leaves a half-written OUT.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import IO
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "tokenize",
+        help="tokenize a conversation JSONL file into exact training samples",
+        description=(
+            "Render each conversation with the target's chat format and write its exact token "
+            "ids and loss mask (0 on the prompt, 1 on what the model sampled: the last "
+            "assistant message, or every assistant turn with --all-turns)."
+        ),
+    )
+    p.add_argument("input", metavar="IN.jsonl", help="conversations, one JSON object per line ('-' = stdin)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.jsonl", help="samples ('-' = stdout)")
+    p.add_argument("--renderer", default="kimi-k2.5",
+                   help="chat format: kimi-k2.5 (default), kimi-k2-thinking, kimi-k2-instruct, hf")
+    p.add_argument("--tokenizer", required=True, metavar="DIR",
+                   help="tokenizer directory, hub id (owner/name), or 'demo'")
+    p.add_argument("--all-turns", action="store_true",
+                   help="one sequence per conversation with every assistant turn masked "
+                        "(only for prefix-extending formats)")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="report bad lines on stderr and go on (default: stop at the first)")
+    p.add_argument("--no-thinking", action="store_true", help="render with thinking off")
+    p.set_defaults(func=run)
+
+
+@dataclass
+class Summary:
+    lines: int = 0
+    samples: int = 0
+    invalid: int = 0
+    tokens: int = 0
+    sampled_tokens: int = 0
+
+
+class LineError(ValueError):
+    """A bad input line; the message names the line and the field."""
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..render import RenderError, get_renderer
+    from ..tokenizer import TokenizerError, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(args.tokenizer)
+        renderer = get_renderer(args.renderer, tokenizer, thinking=not args.no_thinking)
+    except (TokenizerError, RenderError) as exc:
+        print(f"specgen tokenize: {exc}", file=sys.stderr)
+        return 2
+    name = "<stdin>" if args.input == "-" else args.input
+    started = time.perf_counter()
+    try:
+        with _open_input(args.input) as src, _AtomicOutput(args.output) as out:
+            summary = tokenize_lines(
+                renderer, src, out.write, all_turns=args.all_turns,
+                skip_invalid=args.skip_invalid, source=name,
+                report=lambda msg: print(msg, file=sys.stderr),
+            )
+            out.commit()
+    except LineError as exc:
+        print(f"specgen tokenize: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"specgen tokenize: {exc.filename or name}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    took = time.perf_counter() - started
+    print(
+        f"specgen tokenize: {summary.lines} lines, {summary.samples} samples, "
+        f"{summary.invalid} invalid{' (skipped)' if summary.invalid else ''}, "
+        f"{summary.tokens} tokens ({summary.sampled_tokens} with loss), {took:.1f}s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def tokenize_lines(
+    renderer, lines: Iterable[bytes], write: Callable[[bytes], object], *, all_turns: bool = False,
+    skip_invalid: bool = False, source: str = "<input>",
+    report: Callable[[str], object] = lambda msg: None,
+) -> Summary:
+    """Tokenize JSONL lines (bytes) into sample lines passed to `write`.
+
+    A bad line raises LineError, or with `skip_invalid` is reported and counted.
+    """
+    import orjson
+
+    from ..render import RenderError
+    from ..render.validate import check_conversation
+
+    dumps, loads = orjson.dumps, orjson.loads
+    make = renderer.sample_all_turns if all_turns else renderer.sample
+    summary = Summary()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        summary.lines += 1
+        try:
+            try:
+                row = loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise RenderError(f"not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise RenderError(f"expected a JSON object, got {type(row).__name__}")
+            messages, tools = row.get("messages"), row.get("tools") or None
+            check_conversation(messages, tools)
+            sample = make(messages, tools)
+        except RenderError as exc:
+            msg = f"{source}:{lineno}: {exc}"
+            if not skip_invalid:
+                raise LineError(msg) from None
+            summary.invalid += 1
+            report(f"specgen tokenize: skipped {msg}")
+            continue
+        out = {"id": row["id"]} if "id" in row else {}
+        out["input_ids"] = sample.input_ids
+        out["loss_mask"] = sample.loss_mask
+        write(dumps(out) + b"\n")
+        summary.samples += 1
+        summary.tokens += len(sample.input_ids)
+        summary.sampled_tokens += sample.loss_mask.count(1)
+    return summary
+
+
+def _open_input(path: str) -> IO[bytes]:
+    if path == "-":
+        return os.fdopen(os.dup(sys.stdin.fileno()), "rb")
+    return open(path, "rb", buffering=1 << 20)
+
+
+class _AtomicOutput:
+    """Buffered writes to `path.tmp`, renamed onto `path` by commit(); removed otherwise."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.tmp = None if path == "-" else f"{path}.tmp{os.getpid()}"
+        self.committed = False
+
+    def __enter__(self):
+        if self.tmp is None:
+            self._f = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=1 << 20)
+        else:
+            self._f = open(self.tmp, "wb", buffering=1 << 20)
+        self.write = self._f.write
+        return self
+
+    def commit(self) -> None:
+        self._f.flush()
+        self.committed = True
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+        if self.tmp is None:
+            return
+        if self.committed:
+            os.replace(self.tmp, self.path)
+        else:
+            os.unlink(self.tmp)
