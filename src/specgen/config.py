@@ -56,6 +56,12 @@ class EndpointConfig:
     adaptive_concurrency: bool = True
     min_concurrency: int = 4
     return_token_ids: bool = False  # ask vLLM/SGLang/sim for the true prompt+completion ids
+    retry_base_delay: float = 1.0  # full-jitter exponential backoff: base and cap, seconds
+    retry_max_delay: float = 60.0
+    quarantine_retries: int = 0  # re-ask this many times when an answer is quarantined
+    # GET /models/{model}/endpoints at start (quantizations, prices): "auto" = OpenRouter-like
+    # base URLs and the simulator; true/false to force.
+    fetch_endpoints: bool | Literal["auto"] = "auto"
 
     @property
     def is_sim(self) -> bool:
@@ -107,6 +113,18 @@ class DatasetConfig:
 
 
 @dataclass
+class EngineConfig:
+    """Tuning of the scheduler and store writer; none of it changes results."""
+
+    commit_interval: float = 0.2  # seconds between store commits (at most)
+    commit_rows: int = 500  # commit early once this many rows are buffered
+    admit_window: float = 2.0  # conversations admitted ahead, as a multiple of concurrency
+    heartbeat_interval: float = 2.0  # seconds between session heartbeats in the store
+    log_interval: float = 10.0  # seconds between plain progress lines (no TTY / log file)
+    drain_timeout: float = 60.0  # on a first stop: wait this long for in-flight requests
+
+
+@dataclass
 class SimSection:
     config: Path | None = None
     seed: int = 0
@@ -120,6 +138,7 @@ class RunConfig:
     datasets: list[DatasetConfig]
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     sim: SimSection = field(default_factory=SimSection)
     source: Path | None = None  # the TOML file this came from
 
@@ -136,24 +155,41 @@ class RunConfig:
         """Plain-JSON form (paths as strings). Holds no secrets: keys live in the environment."""
         return _jsonable(dataclasses.asdict(self))
 
-    def result_hash(self) -> str:
-        """Hash of everything that changes what a task's result would be.
+    def global_result_hash(self) -> str:
+        """Hash of the run-wide settings that change what any answer would be: the model, the
+        renderer and the sampling (max_tokens is per dataset, see dataset_result_hash).
 
-        Budgets, limits, concurrency and timeouts are left out: changing them continues a run.
+        The tokenizer is identified by its fingerprint (checked separately), not its path.
+        Budgets, limits, concurrency, timeouts, provider policy and the engine tuning are left
+        out: changing them continues a run.
         """
         data = self.to_json()
-        keep = {
-            "target": data["target"],
-            "sampling": data["sampling"],
-            "endpoint": {
-                k: data["endpoint"][k] for k in ("provider", "stream", "return_token_ids")
-            },
-            "datasets": [
-                {k: d[k] for k in ("name", "path", "format", "max_tokens", "turns", "on_length", "split")}
-                for d in data["datasets"]
-            ],
-        }
-        return hashlib.sha256(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        sampling = {k: v for k, v in data["sampling"].items() if k != "max_tokens"}
+        target = {k: v for k, v in data["target"].items() if k != "tokenizer"}
+        return _hash({"target": target, "sampling": sampling})
+
+    def dataset_result_hash(self, ds: DatasetConfig) -> str:
+        """Hash of one dataset's settings that change its results (source, format, turns,
+        effective max_tokens, on_length, split)."""
+        d = _jsonable(dataclasses.asdict(ds))
+        keep = {k: d[k] for k in RESULT_DATASET_KEYS}
+        keep["max_tokens"] = self.max_tokens_for(ds)
+        return _hash(keep)
+
+    def result_hash(self) -> str:
+        """Hash of everything that changes what a task's result would be (global settings and
+        every dataset's). Stored in the run's meta as `config_hash`."""
+        return _hash({
+            "global": self.global_result_hash(),
+            "datasets": {d.name: self.dataset_result_hash(d) for d in self.datasets},
+        })
+
+
+RESULT_DATASET_KEYS = ("path", "format", "max_tokens", "turns", "on_length", "split")
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def default_renderer(model: str) -> str:
@@ -199,39 +235,37 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     provider = endpoint_raw.get("provider", {})
     _check_provider(provider, where)
 
+    unknown = set(raw) - TOP_LEVEL_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown top-level key(s): {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(TOP_LEVEL_KEYS | {'dataset'}))})"
+        )
     cfg = RunConfig(
         run_dir=_resolve(base, _require(raw, "run_dir", str, where)),
         target=_build(TargetConfig, raw.get("target"), "target", where),
         endpoint=_build(EndpointConfig, endpoint_raw, "endpoint", where),
         sampling=_build(SamplingConfig, raw.get("sampling", {}), "sampling", where),
         budget=_build(BudgetConfig, raw.get("budget", {}), "budget", where),
+        engine=_build(EngineConfig, raw.get("engine", {}), "engine", where),
         sim=_build(SimSection, raw.get("sim", {}), "sim", where),
         datasets=[
             _build(DatasetConfig, d, f"dataset[{i}]", where) for i, d in enumerate(datasets_raw)
         ],
         source=path,
     )
-    unknown = set(raw) - {"run_dir", "target", "endpoint", "sampling", "budget", "sim"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown top-level key(s): {', '.join(sorted(unknown))}")
-
-    if not cfg.target.renderer:
-        cfg.target.renderer = default_renderer(cfg.target.model)
-    if cfg.target.tokenizer != "demo" and not _looks_remote(cfg.target.tokenizer):
-        cfg.target.tokenizer = str(_resolve(base, cfg.target.tokenizer))
-    if not cfg.endpoint.base_url:
-        raise ConfigError(f"{where}: endpoint.base_url must not be empty")
-    if cfg.endpoint.concurrency < 1:
-        raise ConfigError(f"{where}: endpoint.concurrency must be >= 1")
-    if cfg.endpoint.max_attempts < 1:
-        raise ConfigError(f"{where}: endpoint.max_attempts must be >= 1")
-    if cfg.sampling.max_tokens < 1:
-        raise ConfigError(f"{where}: sampling.max_tokens must be >= 1")
+    _validate_target(cfg, base, where)
+    _validate_endpoint(cfg.endpoint, where)
+    _validate_numbers(cfg, where)
     if cfg.sim.config is not None:
         cfg.sim.config = _resolve(base, cfg.sim.config)
+        if not cfg.sim.config.is_file():
+            raise ConfigError(f"{where}: sim.config {str(cfg.sim.config)!r} does not exist")
     names = set()
     for i, ds in enumerate(cfg.datasets):
         label = f"{where}: dataset[{i}] ({ds.name!r})"
+        if not ds.name or not ds.name.strip():
+            raise ConfigError(f"{where}: dataset[{i}]: name must not be empty")
         if ds.name in names:
             raise ConfigError(f"{label}: duplicate dataset name")
         names.add(ds.name)
@@ -246,7 +280,88 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
             value = getattr(ds, key)
             if value is not None and value < (0 if key != "max_tokens" else 1):
                 raise ConfigError(f"{label}: {key} must be positive, got {value}")
+        if ds.weight is not None and not ds.weight > 0:
+            raise ConfigError(f"{label}: weight must be > 0, got {ds.weight}")
     return cfg
+
+
+TOP_LEVEL_KEYS = {"run_dir", "target", "endpoint", "sampling", "budget", "engine", "sim"}
+SECRET_HEADERS = {"authorization", "x-api-key", "api-key", "proxy-authorization", "cookie"}
+
+
+def _validate_target(cfg: RunConfig, base: Path, where: str) -> None:
+    from .render import RENDERERS
+
+    if not cfg.target.model.strip():
+        raise ConfigError(f"{where}: target.model must not be empty")
+    if not cfg.target.renderer:
+        cfg.target.renderer = default_renderer(cfg.target.model)
+    if cfg.target.renderer not in RENDERERS:
+        raise ConfigError(
+            f"{where}: target.renderer {cfg.target.renderer!r} is unknown "
+            f"(known: {', '.join(sorted(RENDERERS))})"
+        )
+    tok = cfg.target.tokenizer
+    if tok != "demo" and not _looks_remote(tok):
+        resolved = _resolve(base, tok)
+        if not resolved.exists():
+            raise ConfigError(
+                f"{where}: target.tokenizer {str(resolved)!r} does not exist "
+                "(a model dir, a hub id 'owner/name', or \"demo\")"
+            )
+        cfg.target.tokenizer = str(resolved)
+
+
+def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
+    if not ep.base_url:
+        raise ConfigError(f"{where}: endpoint.base_url must not be empty")
+    if "sim" in ep.base_url and len(ep.base_url) > 1:
+        raise ConfigError(f"{where}: endpoint.base_url \"sim\" cannot be combined with URLs")
+    for url in ep.base_url:
+        if url != "sim" and not url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"{where}: endpoint.base_url {url!r} must start with http:// or https:// "
+                "(or be \"sim\")"
+            )
+    for name in ep.headers:
+        if name.lower() in SECRET_HEADERS:
+            raise ConfigError(
+                f"{where}: endpoint.headers.{name}: secrets do not belong in the config file "
+                "(it is copied into the run store); put the key in the environment variable "
+                "named by endpoint.api_key_env"
+            )
+        if not isinstance(ep.headers[name], str):
+            raise ConfigError(f"{where}: endpoint.headers.{name} must be a string")
+    if ep.api_key_env is not None and not ep.api_key_env.strip():
+        raise ConfigError(f"{where}: endpoint.api_key_env must name an environment variable")
+
+
+def _validate_numbers(cfg: RunConfig, where: str) -> None:
+    ep, eng = cfg.endpoint, cfg.engine
+    checks: list[tuple[str, float | int | None, float]] = [
+        ("endpoint.concurrency", ep.concurrency, 1),
+        ("endpoint.min_concurrency", ep.min_concurrency, 1),
+        ("endpoint.max_attempts", ep.max_attempts, 1),
+        ("endpoint.quarantine_retries", ep.quarantine_retries, 0),
+        ("endpoint.retry_base_delay", ep.retry_base_delay, 0),
+        ("endpoint.retry_max_delay", ep.retry_max_delay, 0),
+        ("sampling.max_tokens", cfg.sampling.max_tokens, 1),
+        ("budget.max_cost_usd", cfg.budget.max_cost_usd, 0),
+        ("budget.prompt_price_per_m", cfg.budget.prompt_price_per_m, 0),
+        ("budget.completion_price_per_m", cfg.budget.completion_price_per_m, 0),
+        ("engine.commit_rows", eng.commit_rows, 1),
+        ("engine.admit_window", eng.admit_window, 1),
+        ("engine.drain_timeout", eng.drain_timeout, 0),
+    ]
+    for key, value, low in checks:
+        if value is not None and value < low:
+            raise ConfigError(f"{where}: {key} must be >= {low}, got {value}")
+    for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout"):
+        if not getattr(ep, key) > 0:
+            raise ConfigError(f"{where}: endpoint.{key} must be > 0 seconds")
+    for key in ("commit_interval", "heartbeat_interval", "log_interval"):
+        if not getattr(eng, key) > 0:
+            raise ConfigError(f"{where}: engine.{key} must be > 0 seconds")
 
 
 def _looks_remote(spec: str) -> bool:

@@ -13,7 +13,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS datasets(
   name TEXT PRIMARY KEY, position INTEGER NOT NULL, path TEXT, format TEXT,
   rows_read INTEGER NOT NULL DEFAULT 0, rows_invalid INTEGER NOT NULL DEFAULT 0,
   rows_duplicate INTEGER NOT NULL DEFAULT 0, rows_other_shard INTEGER NOT NULL DEFAULT 0,
-  exhausted INTEGER NOT NULL DEFAULT 0, state TEXT NOT NULL DEFAULT 'active');
+  exhausted INTEGER NOT NULL DEFAULT 0, state TEXT NOT NULL DEFAULT 'active',
+  config_hash TEXT);
 CREATE TABLE IF NOT EXISTS invalid_rows(
   dataset TEXT NOT NULL, row_index INTEGER NOT NULL, line INTEGER, reason TEXT NOT NULL,
   PRIMARY KEY(dataset, row_index));
@@ -49,7 +50,7 @@ CREATE TABLE IF NOT EXISTS attempts(
   id INTEGER PRIMARY KEY, task INTEGER NOT NULL, session INTEGER, base_url TEXT,
   provider TEXT, model TEXT, started_at REAL, first_byte_at REAL, ended_at REAL,
   outcome TEXT NOT NULL, http_status INTEGER, error TEXT, prompt_tokens INTEGER,
-  completion_tokens INTEGER, cost_usd REAL, generation_id TEXT);
+  completion_tokens INTEGER, cost_usd REAL, generation_id TEXT, dataset TEXT);
 CREATE INDEX IF NOT EXISTS attempts_task ON attempts(task);
 CREATE TABLE IF NOT EXISTS results(
   task INTEGER PRIMARY KEY REFERENCES tasks(id), conversation INTEGER NOT NULL,
@@ -254,3 +255,247 @@ class Store:
 
     def dataset_names(self) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT name FROM datasets ORDER BY position")]
+
+    # -- writes (the engine's; one writer process per run dir) --------------------------------
+    def write(self, batch: Batch) -> None:
+        """Apply a batch in one transaction: all of it is durable, or none of it."""
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only")
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            if batch.meta:
+                c.executemany(
+                    "INSERT INTO meta(key, value) VALUES(?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value", batch.meta.items())
+            if batch.datasets:
+                c.executemany(
+                    f"INSERT INTO datasets({DATASET_COLUMNS}) VALUES({_marks(DATASET_COLUMNS)}) "
+                    "ON CONFLICT(name) DO UPDATE SET "
+                    + ", ".join(f"{k}=excluded.{k}" for k in _cols(DATASET_COLUMNS)[1:]),
+                    batch.datasets.values())
+            if batch.conversations:
+                c.executemany(
+                    "INSERT INTO conversations(id, dataset, conv_id, row_index, status, "
+                    "end_reason, data) VALUES(?, ?, ?, ?, ?, ?, ?)", batch.conversations)
+            if batch.conv_status:
+                c.executemany(
+                    "UPDATE conversations SET status=?, end_reason=? WHERE id=?",
+                    [(st, reason, cid) for cid, (st, reason) in batch.conv_status.items()])
+            if batch.tasks:
+                c.executemany(
+                    "INSERT INTO tasks(id, conversation, dataset, turn, status, attempts, error) "
+                    "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                    "status=excluded.status, attempts=excluded.attempts, error=excluded.error",
+                    batch.tasks.values())
+            if batch.attempts:
+                c.executemany(
+                    f"INSERT INTO attempts({ATTEMPT_COLUMNS}) VALUES({_marks(ATTEMPT_COLUMNS)})",
+                    batch.attempts)
+            if batch.results:
+                c.executemany(
+                    f"INSERT INTO results({RESULT_INSERT_COLUMNS}) "
+                    f"VALUES({_marks(RESULT_INSERT_COLUMNS)})", batch.results)
+            if batch.quarantine:
+                c.executemany(
+                    "INSERT INTO quarantine(task, dataset, provider, reason, response, created_at) "
+                    "VALUES(?, ?, ?, ?, ?, ?)", batch.quarantine)
+            if batch.invalid_rows:
+                c.executemany(
+                    "INSERT OR REPLACE INTO invalid_rows(dataset, row_index, line, reason) "
+                    "VALUES(?, ?, ?, ?)", batch.invalid_rows)
+            if batch.events:
+                c.executemany(
+                    "INSERT INTO events(ts, session, kind, dataset, provider, detail) "
+                    "VALUES(?, ?, ?, ?, ?, ?)", batch.events)
+            if batch.session is not None:
+                c.execute(
+                    "UPDATE sessions SET heartbeat_at=?, state=?, stop_reason=?, ended_at=? "
+                    "WHERE id=?", batch.session)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def start_session(self, pid: int, host: str, argv: str, now: float) -> int:
+        """Record a new engine session (state running); returns its id."""
+        cur = self.conn.execute(
+            "INSERT INTO sessions(pid, host, started_at, heartbeat_at, state, argv) "
+            "VALUES(?, ?, ?, ?, 'running', ?)", (pid, host, now, now, argv))
+        return int(cur.lastrowid)
+
+    # -- reads for resume and status ----------------------------------------------------------
+    def datasets_table(self) -> dict[str, dict[str, Any]]:
+        """The datasets table keyed by name (resume cursors and counters)."""
+        cur = self.conn.execute(f"SELECT {DATASET_COLUMNS} FROM datasets ORDER BY position")
+        names = _cols(DATASET_COLUMNS)
+        return {row[0]: dict(zip(names, row, strict=True)) for row in cur}
+
+    def max_id(self, table: str) -> int:
+        if table not in ("conversations", "tasks", "attempts", "sessions"):
+            raise ValueError(table)
+        return int(self.conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
+
+    def task_counts(self) -> dict[str, dict[str, int]]:
+        """{dataset: {task status: count}}."""
+        out: dict[str, dict[str, int]] = {}
+        for ds, status, n in self.conn.execute(
+                "SELECT dataset, status, COUNT(*) FROM tasks GROUP BY dataset, status"):
+            out.setdefault(ds, {})[status] = n
+        return out
+
+    def conversation_counts(self) -> dict[str, dict[str, int]]:
+        """{dataset: {conversation status: count}}."""
+        out: dict[str, dict[str, int]] = {}
+        for ds, status, n in self.conn.execute(
+                "SELECT dataset, status, COUNT(*) FROM conversations GROUP BY dataset, status"):
+            out.setdefault(ds, {})[status] = n
+        return out
+
+    def spend(self) -> dict[str, dict[str, float]]:
+        """What every recorded attempt cost, per dataset (billed failures included)."""
+        out: dict[str, dict[str, float]] = {}
+        for ds, n, pt, ct, cost, known in self.conn.execute(
+                "SELECT dataset, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
+                "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0), "
+                "COUNT(cost_usd) FROM attempts GROUP BY dataset"):
+            out[ds] = {"attempts": n, "prompt_tokens": pt, "completion_tokens": ct,
+                       "cost_usd": cost, "attempts_with_cost": known}
+        return out
+
+    def result_totals(self) -> dict[str, dict[str, float]]:
+        """Tokens and cost of the kept samples, per dataset."""
+        out: dict[str, dict[str, float]] = {}
+        for ds, n, pt, ct, cost in self.conn.execute(
+                "SELECT dataset, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
+                "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0) "
+                "FROM results GROUP BY dataset"):
+            out[ds] = {"samples": n, "prompt_tokens": pt, "completion_tokens": ct,
+                       "cost_usd": cost}
+        return out
+
+    def provider_totals(self) -> dict[str, dict[str, Any]]:
+        """Per answering provider: attempts by outcome, tokens, cost."""
+        out: dict[str, dict[str, Any]] = {}
+        for provider, outcome, n, pt, ct, cost in self.conn.execute(
+                "SELECT COALESCE(provider, ''), outcome, COUNT(*), "
+                "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
+                "COALESCE(SUM(cost_usd), 0) FROM attempts GROUP BY 1, 2"):
+            p = out.setdefault(provider or "(unknown)", {
+                "requests": 0, "outcomes": {}, "prompt_tokens": 0, "completion_tokens": 0,
+                "cost_usd": 0.0})
+            p["requests"] += n
+            p["outcomes"][outcome] = p["outcomes"].get(outcome, 0) + n
+            p["prompt_tokens"] += pt
+            p["completion_tokens"] += ct
+            p["cost_usd"] += cost
+        return out
+
+    def open_conversations(self) -> Iterator[tuple[int, str, str, int, str, bytes]]:
+        """(id, dataset, conv_id, row_index, status, data) of unfinished conversations."""
+        yield from self.conn.execute(
+            "SELECT id, dataset, conv_id, row_index, status, data FROM conversations "
+            "WHERE status IN ('pending', 'active') ORDER BY id")
+
+    def answers_of(self, conversation: int) -> dict[int, dict[str, Any]]:
+        """{turn: normalised assistant message} of a conversation's stored results."""
+        return {turn: orjson.loads(msg) for turn, msg in self.conn.execute(
+            "SELECT turn, message FROM results WHERE conversation=? ORDER BY turn",
+            (conversation,))}
+
+    def tasks_of(self, conversation: int) -> dict[int, tuple[int, str, int, str | None]]:
+        """{turn: (task id, status, attempts, error)} of a conversation."""
+        return {turn: (tid, st, n, err) for tid, turn, st, n, err in self.conn.execute(
+            "SELECT id, turn, status, attempts, error FROM tasks WHERE conversation=?",
+            (conversation,))}
+
+    def has_conversation(self, dataset: str, conv_id: str) -> bool:
+        return self.conn.execute(
+            "SELECT 1 FROM conversations WHERE dataset=? AND conv_id=?",
+            (dataset, conv_id)).fetchone() is not None
+
+    def sessions(self) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT id, pid, host, started_at, heartbeat_at, ended_at, state, stop_reason, argv "
+            "FROM sessions ORDER BY id")
+        names = ("id", "pid", "host", "started_at", "heartbeat_at", "ended_at", "state",
+                 "stop_reason", "argv")
+        return [dict(zip(names, row, strict=True)) for row in cur]
+
+    def quarantine_counts(self) -> dict[str, dict[str, int]]:
+        """{dataset: {reason: count}} of quarantined answers."""
+        out: dict[str, dict[str, int]] = {}
+        for ds, reason, n in self.conn.execute(
+                "SELECT dataset, reason, COUNT(*) FROM quarantine GROUP BY 1, 2"):
+            out.setdefault(ds, {})[reason] = n
+        return out
+
+    def reset_failed_tasks(self, datasets: Sequence[str] | None = None) -> int:
+        """Make failed tasks (and their conversations) pending again; returns how many."""
+        where, args = "status='failed'", []
+        if datasets:
+            where += f" AND dataset IN ({','.join('?' * len(datasets))})"
+            args = list(datasets)
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            convs = [r[0] for r in c.execute(f"SELECT conversation FROM tasks WHERE {where}", args)]
+            n = c.execute(f"UPDATE tasks SET status='pending', error=NULL WHERE {where}",
+                          args).rowcount
+            c.executemany(
+                "UPDATE conversations SET status=CASE WHEN EXISTS(SELECT 1 FROM results r "
+                "WHERE r.conversation=conversations.id) THEN 'active' ELSE 'pending' END, "
+                "end_reason=NULL WHERE id=? AND status='failed'", [(x,) for x in convs])
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        return n
+
+
+# -- batched writes ---------------------------------------------------------------------------
+DATASET_COLUMNS = (
+    "name, position, path, format, rows_read, rows_invalid, rows_duplicate, rows_other_shard, "
+    "exhausted, state, config_hash"
+)
+ATTEMPT_COLUMNS = (
+    "task, session, base_url, provider, model, started_at, first_byte_at, ended_at, outcome, "
+    "http_status, error, prompt_tokens, completion_tokens, cost_usd, generation_id, dataset"
+)
+RESULT_INSERT_COLUMNS = (
+    "task, conversation, dataset, turn, provider, model, finish_reason, native_finish_reason, "
+    "request, message, input_ids, n_prompt, true_prompt_ids, true_completion_ids, "
+    "prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, repairs, latency_s, created_at"
+)
+
+
+def _cols(columns: str) -> list[str]:
+    return [c.strip() for c in columns.split(",")]
+
+
+def _marks(columns: str) -> str:
+    return ", ".join("?" * len(_cols(columns)))
+
+
+@dataclass(slots=True)
+class Batch:
+    """Rows waiting for the next commit. Tuples follow the *_COLUMNS orders above; later
+    upserts of the same task / dataset / conversation status replace earlier ones."""
+
+    meta: dict[str, str] = field(default_factory=dict)
+    datasets: dict[str, tuple] = field(default_factory=dict)
+    conversations: list[tuple] = field(default_factory=list)  # (id, dataset, conv_id, row, status, reason, data)
+    conv_status: dict[int, tuple[str, str | None]] = field(default_factory=dict)
+    tasks: dict[int, tuple] = field(default_factory=dict)  # id -> (id, conv, dataset, turn, status, attempts, error)
+    attempts: list[tuple] = field(default_factory=list)
+    results: list[tuple] = field(default_factory=list)
+    quarantine: list[tuple] = field(default_factory=list)
+    invalid_rows: list[tuple] = field(default_factory=list)
+    events: list[tuple] = field(default_factory=list)
+    session: tuple | None = None  # (heartbeat_at, state, stop_reason, ended_at, session id)
+
+    def __len__(self) -> int:
+        return (len(self.meta) + len(self.datasets) + len(self.conversations)
+                + len(self.conv_status) + len(self.tasks) + len(self.attempts)
+                + len(self.results) + len(self.quarantine) + len(self.invalid_rows)
+                + len(self.events) + (self.session is not None))

@@ -1,0 +1,66 @@
+"""`specgen run CONFIG`: generate (or resume generating) a run's samples."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "run", help="send a config's prompts to the target model and store exact samples",
+        description="Run (or resume) the generation described by CONFIG. Rerunning the same "
+                    "config continues where it stopped; Ctrl-C stops cleanly (twice: now).")
+    p.add_argument("config", help="the run's TOML file")
+    p.add_argument("--shard", metavar="I/N",
+                   help="take only shard I of N of every dataset (by conversation id)")
+    p.add_argument("--force-new", action="store_true",
+                   help="start a fresh store even if the config changed results (the old "
+                        "store is moved to RUN_DIR/previous/, never deleted)")
+    p.add_argument("--drain-timeout", type=float, metavar="S",
+                   help="on a first stop, wait at most S seconds for in-flight requests "
+                        "(default: [engine] drain_timeout, 60)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="send tasks that failed in earlier sessions again")
+    live = p.add_mutually_exclusive_group()
+    live.add_argument("--live", dest="live", action="store_true", default=None,
+                      help="force the live view")
+    live.add_argument("--no-live", dest="live", action="store_false",
+                      help="plain log lines instead of the live view")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..config import ConfigError, load_config
+    from ..engine.runner import RunError, RunOptions, run
+    from ..engine.status import run_status
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"specgen run: {exc}", file=sys.stderr)
+        return 2
+    if args.drain_timeout is not None and args.drain_timeout < 0:
+        print("specgen run: --drain-timeout must be >= 0", file=sys.stderr)
+        return 2
+    opts = RunOptions(shard=args.shard, force_new=args.force_new,
+                      drain_timeout=args.drain_timeout, retry_failed=args.retry_failed,
+                      live=args.live, argv=sys.argv[1:])
+    try:
+        outcome = run(cfg, opts)
+    except RunError as exc:
+        print(f"specgen run: {exc}", file=sys.stderr)
+        return 2
+    print_summary(run_status(cfg.run_dir), outcome.state, outcome.stop_reason)
+    return outcome.exit_code
+
+
+def print_summary(status: dict, state: str, reason: str) -> None:
+    print(f"run {state}: {reason}")
+    for name, d in status["datasets"].items():
+        print(f"  {name}: {d['done']} done, {d['failed']} failed, {d['quarantined']} "
+              f"quarantined, {d['pending']} pending; {d['completion_tokens']:,} completion "
+              f"tokens, ${d['cost_usd']:.4f}")
+    print(f"  total cost ${status['cost_usd']:.4f}; store {status['run_dir']}/state.sqlite")
+    if state != "finished":
+        print("  rerun the same command to resume")

@@ -1,0 +1,81 @@
+"""`specgen status RUN_DIR [--json]`: a run's figures, read-only, from any shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "status", help="show a run's progress (read-only; safe while it runs)",
+        description="Figures of a run from its store: state, cost, per dataset and provider.")
+    p.add_argument("run_dir", help="the run dir (or the run's TOML config)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=handle)
+
+
+def resolve_run_dir(arg: str) -> Path:
+    """A run dir, or the run_dir of a config file."""
+    path = Path(arg)
+    if path.is_file() and path.suffix == ".toml":
+        from ..config import load_config
+
+        return Path(load_config(path).run_dir)
+    return path
+
+
+def handle(args: argparse.Namespace) -> int:
+    import orjson
+
+    from ..config import ConfigError
+    from ..engine.status import run_status
+    from ..store import StoreError
+
+    try:
+        status = run_status(resolve_run_dir(args.run_dir))
+    except (StoreError, ConfigError) as exc:
+        print(f"specgen status: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print_status(status)
+    return 0
+
+
+def print_status(s: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    head = f"[bold]{s['run_dir']}[/bold]  state [cyan]{s['state']}[/cyan]"
+    if s["pid"]:
+        head += f"  pid {s['pid']}"
+    cap = f" / ${s['max_cost_usd']:g}" if s.get("max_cost_usd") is not None else ""
+    head += f"  cost [green]${s['cost_usd']:.4f}{cap}[/green]"
+    if s.get("concurrency") is not None:
+        head += f"  in flight {s.get('in_flight')} (limit {s['concurrency']})"
+    console.print(head)
+    if s["stop_reason"]:
+        console.print(f"  {s['stop_reason']}")
+    t = Table(box=None, header_style="bold")
+    for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending", "rows read",
+                "prompt tok", "compl. tok", "cost $"):
+        t.add_column(col, justify="left" if col in ("dataset", "state") else "right")
+    for name, d in s["datasets"].items():
+        t.add_row(name, d["state"], str(d["done"]), str(d["total"]), str(d["failed"]),
+                  str(d["quarantined"]), str(d["pending"]), str(d["rows_read"]),
+                  f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
+                  f"{d['cost_usd']:.4f}")
+    console.print(t)
+    if s["providers"]:
+        p = Table(box=None, header_style="bold")
+        for col in ("provider", "attempts", "outcomes", "compl. tok", "cost $"):
+            p.add_column(col, justify="left" if col in ("provider", "outcomes") else "right")
+        for name, v in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
+            outcomes = " ".join(f"{k}={n}" for k, n in sorted(v["outcomes"].items()))
+            p.add_row(name, str(v["requests"]), outcomes, f"{v['completion_tokens']:,}",
+                      f"{v['cost_usd']:.4f}")
+        console.print(p)

@@ -1,0 +1,145 @@
+"""Budgets enforced before dispatch: per-dataset completion tokens and the run's dollar cap.
+
+Each dispatched request reserves its worst case (`max_tokens` completion tokens; prompt tokens x
+prompt price + max_tokens x completion price) until its attempt ends, when the reservation is
+replaced by what the attempt really used. A request is sent only if what was spent, plus every
+reservation in flight, plus its own worst case fits the budget, so a run does not overshoot as
+long as providers honour `max_tokens` and the prices are right. With no known prices the dollar
+cap falls back to the cost the API reports (`usage.cost`): then the overshoot is bounded by the
+requests in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Verdict = Literal["ok", "wait", "tokens_exhausted", "cost_exhausted"]
+
+
+@dataclass(slots=True)
+class Prices:
+    """USD per token (None = unknown) and where they came from."""
+
+    prompt: float | None = None
+    completion: float | None = None
+    source: str = "unknown"  # "config", "endpoints", "config+endpoints" or "unknown"
+
+    @property
+    def known(self) -> bool:
+        return self.prompt is not None and self.completion is not None
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        if not self.known:
+            return None
+        return prompt_tokens * self.prompt + completion_tokens * self.completion  # type: ignore[operator]
+
+    def to_json(self) -> dict[str, object]:
+        return {"prompt_per_m": _per_m(self.prompt), "completion_per_m": _per_m(self.completion),
+                "source": self.source}
+
+
+def _per_m(price: float | None) -> float | None:
+    return None if price is None else price * 1e6
+
+
+def resolve_prices(
+    prompt_per_m: float | None, completion_per_m: float | None,
+    endpoint_prices: tuple[float | None, float | None] | None,
+) -> Prices:
+    """Config overrides (USD per million) first, then the endpoint list's prices."""
+    prompt = None if prompt_per_m is None else prompt_per_m / 1e6
+    completion = None if completion_per_m is None else completion_per_m / 1e6
+    from_config = prompt is not None or completion is not None
+    from_endpoints = False
+    if endpoint_prices is not None:
+        if prompt is None and endpoint_prices[0] is not None:
+            prompt, from_endpoints = endpoint_prices[0], True
+        if completion is None and endpoint_prices[1] is not None:
+            completion, from_endpoints = endpoint_prices[1], True
+    source = "+".join(s for s, on in (("config", from_config), ("endpoints", from_endpoints))
+                      if on) or "unknown"
+    return Prices(prompt, completion, source)
+
+
+@dataclass(slots=True)
+class Reservation:
+    dataset: str
+    tokens: int
+    cost: float
+
+
+@dataclass(slots=True)
+class DatasetSpend:
+    token_budget: int | None
+    completion_tokens: int = 0  # every billed attempt, kept or not
+    prompt_tokens: int = 0
+    cost_usd: float = 0.0
+    reserved_tokens: int = 0
+
+
+class Budget:
+    """Spend so far + reservations in flight, checked against the caps."""
+
+    def __init__(self, max_cost_usd: float | None, prices: Prices):
+        self.max_cost_usd = max_cost_usd
+        self.prices = prices
+        self.cost_usd = 0.0  # everything spent by the run (all datasets, all sessions)
+        self.reserved_cost = 0.0
+        self.datasets: dict[str, DatasetSpend] = {}
+
+    def add_dataset(self, name: str, token_budget: int | None, *, prompt_tokens: int = 0,
+                    completion_tokens: int = 0, cost_usd: float = 0.0) -> DatasetSpend:
+        spend = DatasetSpend(token_budget, completion_tokens, prompt_tokens, cost_usd)
+        self.datasets[name] = spend
+        self.cost_usd += cost_usd
+        return spend
+
+    def worst_cost(self, prompt_tokens: int, max_tokens: int) -> float:
+        return self.prices.cost(prompt_tokens, max_tokens) or 0.0
+
+    def check(self, dataset: str, prompt_tokens: int, max_tokens: int) -> Verdict:
+        """May a request of this dataset with this worst case be dispatched now?"""
+        spend = self.datasets[dataset]
+        if spend.token_budget is not None:
+            if spend.completion_tokens + max_tokens > spend.token_budget:
+                return "tokens_exhausted"
+            if spend.completion_tokens + spend.reserved_tokens + max_tokens > spend.token_budget:
+                return "wait"
+        if self.max_cost_usd is not None:
+            if not self.prices.known:
+                return "cost_exhausted" if self.cost_usd >= self.max_cost_usd else "ok"
+            worst = self.worst_cost(prompt_tokens, max_tokens)
+            if self.cost_usd + worst > self.max_cost_usd:
+                return "cost_exhausted"
+            if self.cost_usd + self.reserved_cost + worst > self.max_cost_usd:
+                return "wait"
+        return "ok"
+
+    def reserve(self, dataset: str, prompt_tokens: int, max_tokens: int) -> Reservation:
+        cost = self.worst_cost(prompt_tokens, max_tokens)
+        self.datasets[dataset].reserved_tokens += max_tokens
+        self.reserved_cost += cost
+        return Reservation(dataset, max_tokens, cost)
+
+    def release(self, r: Reservation) -> None:
+        self.datasets[r.dataset].reserved_tokens -= r.tokens
+        self.reserved_cost -= r.cost
+        r.tokens, r.cost = 0, 0.0
+
+    def charge(self, dataset: str, prompt_tokens: int, completion_tokens: int,
+               cost_usd: float | None) -> None:
+        """Record what one attempt really used (billed failures and rejects included)."""
+        spend = self.datasets[dataset]
+        spend.prompt_tokens += prompt_tokens
+        spend.completion_tokens += completion_tokens
+        if cost_usd:
+            spend.cost_usd += cost_usd
+            self.cost_usd += cost_usd
+
+    def attempt_cost(self, prompt_tokens: int, completion_tokens: int,
+                     reported: float | None) -> float | None:
+        """The cost of an attempt: as the API reported it, else from known prices."""
+        if reported is not None:
+            return reported
+        return self.prices.cost(prompt_tokens, completion_tokens)

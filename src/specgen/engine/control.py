@@ -1,0 +1,126 @@
+"""Talking to a running engine from another shell, and knowing whether one is alive.
+
+* `specgen stop` writes `run_dir/control.json` ({"action": "drain" | "now", "session": id});
+  the engine polls it a few times a second. A file meant for an earlier session is ignored and
+  removed, so a stale stop request never stops the next run.
+* One engine per run dir: `RunLock` holds an exclusive `flock` on `run_dir/run.lock` for the
+  life of the process; the kernel releases it even after `kill -9`.
+* A session is alive when its process exists (same host) and its heartbeat is fresh.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+CONTROL_FILE = "control.json"
+LOCK_FILE = "run.lock"
+
+
+class RunLockedError(RuntimeError):
+    """Another engine holds the run dir."""
+
+
+def write_control(run_dir: Path, action: str, session: int | None) -> Path:
+    """Ask the engine running `session` in `run_dir` to stop ("drain") or stop now ("now")."""
+    path = Path(run_dir) / CONTROL_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(orjson.dumps({"action": action, "session": session, "ts": time.time()}))
+    os.replace(tmp, path)
+    return path
+
+
+def read_control(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / CONTROL_FILE
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except orjson.JSONDecodeError:
+        return None  # half-written by an old specgen, or garbage: ignore
+    return data if isinstance(data, dict) else None
+
+
+def clear_control(run_dir: Path) -> None:
+    try:
+        (Path(run_dir) / CONTROL_FILE).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid exists on this host (zombies count as dead)."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def heartbeat_timeout(interval: float) -> float:
+    """How old a heartbeat may be for its session to count as alive."""
+    return max(15.0, 5 * interval)
+
+
+def session_alive(session: dict[str, Any], *, heartbeat_interval: float = 2.0,
+                  now: float | None = None) -> bool:
+    """A recorded 'running' session whose process is alive and heartbeating."""
+    if session.get("state") != "running":
+        return False
+    now = time.time() if now is None else now
+    fresh = now - (session.get("heartbeat_at") or 0) <= heartbeat_timeout(heartbeat_interval)
+    if session.get("host") == socket.gethostname():
+        return fresh and pid_alive(session.get("pid"))
+    return fresh
+
+
+class RunLock:
+    """Exclusive lock on a run dir for the life of this process."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            finally:
+                os.close(fd)
+            raise RunLockedError(
+                f"{self.path.parent}: another specgen run (pid {holder}) is using this run "
+                "dir; stop it first (specgen stop) or use another run_dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

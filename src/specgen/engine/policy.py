@@ -1,0 +1,153 @@
+"""Provider policy: which answering providers / quantizations are acceptable.
+
+The `provider` object is sent to the API as configured (OpenRouter filters on its side); the
+engine checks every answer again, because routing can fall back, names drift, and a bad
+quantization silently poisons a training set. An answer from outside the policy is rejected (its
+cost still counted) and the request retried.
+
+The endpoint list (`GET /models/{model}/endpoints`) maps provider names to their endpoints'
+slugs, quantizations and prices. A provider with several endpoints (say fp4 and fp8) is
+accepted when at least one of them is allowed: the response does not say which one served it,
+and OpenRouter applies the same filter when routing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    provider_name: str
+    tag: str  # slug used by only/ignore, e.g. "deepinfra/fp4"
+    quantization: str  # "unknown" when the list does not say
+    prompt_price: float | None  # USD per token
+    completion_price: float | None
+    max_completion_tokens: int | None = None
+
+    @property
+    def base_slug(self) -> str:
+        return self.tag.split("/", 1)[0]
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _price(value: Any) -> float | None:
+    try:
+        price = float(value)
+    except (TypeError, ValueError):
+        return None
+    return price if price >= 0 else None
+
+
+def parse_endpoints(payload: Any) -> list[Endpoint]:
+    """Endpoints from a `/models/{model}/endpoints` answer (parsed defensively)."""
+    data = payload.get("data", payload) if isinstance(payload, dict) else payload
+    items = data.get("endpoints", []) if isinstance(data, dict) else data
+    out = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        name = str(item.get("provider_name") or item.get("name") or "")
+        tag = str(item.get("tag") or _norm(name))
+        if not name and not tag:
+            continue
+        pricing = item.get("pricing") if isinstance(item.get("pricing"), dict) else {}
+        mct = item.get("max_completion_tokens")
+        out.append(Endpoint(
+            provider_name=name or tag, tag=tag,
+            quantization=str(item.get("quantization") or "unknown").lower(),
+            prompt_price=_price(pricing.get("prompt")),
+            completion_price=_price(pricing.get("completion")),
+            max_completion_tokens=mct if isinstance(mct, int) else None,
+        ))
+    return out
+
+
+class ProviderPolicy:
+    """The configured provider object as an answer filter."""
+
+    def __init__(self, provider: dict[str, Any], endpoints: Iterable[Endpoint] = ()):
+        self.ignore = [s.lower() for s in provider.get("ignore") or []]
+        only = [s.lower() for s in provider.get("only") or []]
+        if provider.get("allow_fallbacks") is False and provider.get("order"):
+            only = only or [s.lower() for s in provider["order"]]
+        self.only = only
+        self.quantizations = {q.lower() for q in provider.get("quantizations") or []}
+        self.endpoints = list(endpoints)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.ignore or self.only or self.quantizations)
+
+    # -- matching -----------------------------------------------------------------------------
+    @staticmethod
+    def _slug_matches(slug: str, ep: Endpoint) -> bool:
+        if "/" in slug:
+            return _norm(slug) == _norm(ep.tag)
+        return _norm(slug) in (_norm(ep.base_slug), _norm(ep.provider_name))
+
+    @staticmethod
+    def _slug_names(slug: str, provider: str) -> bool:
+        return "/" not in slug and _norm(slug) == _norm(provider)
+
+    def endpoint_allowed(self, ep: Endpoint) -> bool:
+        if any(self._slug_matches(s, ep) for s in self.ignore):
+            return False
+        if self.only and not any(self._slug_matches(s, ep) for s in self.only):
+            return False
+        return not self.quantizations or ep.quantization in self.quantizations
+
+    def endpoints_of(self, provider: str) -> list[Endpoint]:
+        key = _norm(provider)
+        return [ep for ep in self.endpoints
+                if key in (_norm(ep.provider_name), _norm(ep.base_slug), _norm(ep.tag))]
+
+    def allowed_endpoints(self) -> list[Endpoint]:
+        return [ep for ep in self.endpoints if self.endpoint_allowed(ep)]
+
+    # -- the check ----------------------------------------------------------------------------
+    def rejection(self, provider: str | None) -> str | None:
+        """Why an answer from `provider` must be rejected, or None when it is acceptable.
+
+        An answer naming no provider (a local server) cannot be checked and is accepted.
+        """
+        if not provider or not self.active:
+            return None
+        if any(self._slug_names(s, provider) for s in self.ignore):
+            return "provider_ignored"
+        candidates = self.endpoints_of(provider)
+        if self.only and not (
+            any(self._slug_names(s, provider) for s in self.only)
+            or any(self._slug_matches(s, ep) for s in self.only for ep in candidates)
+        ):
+            return "provider_not_allowed"
+        if candidates:
+            if any(self.endpoint_allowed(ep) for ep in candidates):
+                return None
+            if all(any(self._slug_matches(s, ep) for s in self.ignore) for ep in candidates):
+                return "provider_ignored"
+            quants = sorted({ep.quantization for ep in candidates})
+            return f"quantization:{'+'.join(quants)}"
+        if self.quantizations and self.endpoints and "unknown" not in self.quantizations:
+            # Listed endpoints exist but this provider is not among them: its quantization is
+            # unknown, which the allow-list does not accept.
+            return "quantization:unknown"
+        return None
+
+    def max_prices(self) -> tuple[float | None, float | None] | None:
+        """Highest prompt/completion price over the allowed endpoints (None if no list)."""
+        allowed = self.allowed_endpoints()
+        if not allowed:
+            return None
+        prompts = [ep.prompt_price for ep in allowed if ep.prompt_price is not None]
+        comps = [ep.completion_price for ep in allowed if ep.completion_price is not None]
+        return (max(prompts) if prompts else None, max(comps) if comps else None)
+
+    def describe(self) -> str:
+        return ", ".join(f"{ep.tag}({ep.quantization})" for ep in self.endpoints) or "none"

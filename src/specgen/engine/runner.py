@@ -1,0 +1,276 @@
+"""`specgen run`: put the pieces together and run one engine session.
+
+Order of work: lock the run dir, load tokenizer and renderer, check the store against the
+config (refuse, or move it aside with --force-new), start the simulator when `base_url = "sim"`,
+fetch the endpoint list for the provider policy and prices, record the session, rebuild the
+state from the store, and run until done, stopped or failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlparse
+
+import orjson
+
+from ..client.types import ApiError
+from ..config import RunConfig
+from ..store import STORE_FILE, Store
+from .budget import Budget, resolve_prices
+from .control import RunLock, clear_control
+from .policy import ProviderPolicy, parse_endpoints
+from .resume import IncompatibleRunError, meta_for, move_aside, problems, refusal_message
+from .scheduler import Engine, Outcome
+from .shard import parse_shard
+from .stages import Stages, default_stages
+
+log = logging.getLogger("specgen.engine")
+LOG_FILE = "specgen.log"
+
+
+class RunError(RuntimeError):
+    """The run cannot start; the message says why and what to do."""
+
+
+@dataclass
+class RunOptions:
+    shard: str | None = None
+    force_new: bool = False
+    drain_timeout: float | None = None
+    retry_failed: bool = False
+    live: bool | None = None  # None: a live view when stderr is a terminal
+    argv: list[str] = field(default_factory=list)
+    stages: Stages | None = None  # tests may pass their own; default: the real stages
+    threaded_commits: bool = True
+
+
+def _is_local(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
+def _fetch_endpoints_wanted(cfg: RunConfig) -> bool:
+    mode = cfg.endpoint.fetch_endpoints
+    if mode != "auto":
+        return bool(mode)
+    return cfg.endpoint.is_sim or any("openrouter" in u for u in cfg.endpoint.base_url)
+
+
+def _setup_logging(run_dir: Path, console: bool) -> list[logging.Handler]:
+    logger = logging.getLogger("specgen")
+    logger.setLevel(logging.INFO)
+    handlers: list[logging.Handler] = []
+    fh = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handlers.append(fh)
+    if console:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        handlers.append(sh)
+    for h in handlers:
+        logger.addHandler(h)
+    return handlers
+
+
+def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
+    """Run one session of `cfg`. Raises RunError when it cannot start."""
+    opts = opts or RunOptions()
+    run_dir = Path(cfg.run_dir)
+    try:
+        shard = parse_shard(opts.shard)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+    except RuntimeError as exc:
+        raise RunError(str(exc)) from None
+    live = sys.stderr.isatty() if opts.live is None else opts.live
+    handlers = _setup_logging(run_dir, console=not live)
+    try:
+        return _run_locked(cfg, opts, run_dir, shard, live)
+    finally:
+        logger = logging.getLogger("specgen")
+        for h in handlers:
+            logger.removeHandler(h)
+            h.close()
+        lock.release()
+
+
+def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
+    from ..render import get_renderer
+    from ..tokenizer import load_tokenizer
+
+    key_env = cfg.endpoint.api_key_env
+    if (not cfg.endpoint.is_sim and key_env and not os.environ.get(key_env)
+            and not all(_is_local(u) for u in cfg.endpoint.base_url)):
+        raise RunError(f"the API key is not set: export {key_env}=... (endpoint.api_key_env "
+                       "names the variable; the key is never written anywhere)")
+    try:
+        tokenizer = load_tokenizer(cfg.target.tokenizer)
+        renderer = get_renderer(cfg.target.renderer, tokenizer, thinking=cfg.sampling.thinking)
+    except Exception as exc:  # noqa: BLE001 - tokenizer/renderer errors name their cause
+        raise RunError(f"cannot load the tokenizer/renderer: {exc}") from None
+    shard_s = str(shard) if shard else ""
+    fingerprint = tokenizer.fingerprint
+    if (run_dir / STORE_FILE).exists():
+        with Store.open(run_dir) as old:
+            found = problems(old, cfg, tokenizer_fingerprint=fingerprint, shard=shard_s)
+        if found and not opts.force_new:
+            raise RunError(refusal_message(run_dir, found)) from IncompatibleRunError()
+        if opts.force_new:
+            dest = move_aside(run_dir)
+            if dest is not None:
+                log.warning("--force-new: the previous store was moved to %s", dest)
+    stages = opts.stages or default_stages()
+    store = Store.create(run_dir)
+    reader = Store.open(run_dir)
+    try:
+        for k, v in meta_for(cfg, tokenizer_fingerprint=fingerprint, shard=shard_s).items():
+            store.set_meta(k, v)
+        clear_control(run_dir)  # a stop request left for an earlier session
+        return asyncio.run(_main(cfg, opts, store, reader, renderer, tokenizer, stages, shard,
+                                 live))
+    finally:
+        reader.close()
+        store.close()
+
+
+async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, live) -> Outcome:
+    from ..client import ChatClient
+
+    sim = None
+    urls = None
+    if cfg.endpoint.is_sim:
+        from .. import sim as simmod
+
+        sim = await asyncio.to_thread(
+            simmod.start_in_thread, cfg.sim.config, seed=cfg.sim.seed, tokenizer=tokenizer,
+            renderer=renderer)
+        urls = [sim.url]
+        log.info("simulator listening on %s", sim.url)
+    session_id = store.start_session(os.getpid(), socket.gethostname(),
+                                     orjson.dumps(opts.argv).decode(), time.time())
+    try:
+        client = ChatClient.from_config(cfg.endpoint, base_urls=urls)
+        async with client:
+            policy, prices = await _policy_and_prices(cfg, client)
+            store.set_meta("prices", orjson.dumps(prices.to_json()).decode())
+            if cfg.budget.max_cost_usd is not None and not prices.known:
+                log.warning("no prices known (set [budget] prompt_price_per_m and "
+                            "completion_price_per_m): the dollar cap uses the cost the API "
+                            "reports, so it may be overshot by what is in flight")
+            engine = Engine(cfg, store=store, reader=reader, client=client, renderer=renderer,
+                            stages=stages, policy=policy, budget=Budget(
+                                cfg.budget.max_cost_usd, prices),
+                            session_id=session_id, shard=shard,
+                            drain_timeout=opts.drain_timeout,
+                            threaded_commits=opts.threaded_commits)
+            t0 = time.monotonic()
+            engine.load(retry_failed=opts.retry_failed)
+            log.info("session %d started: %s; resumed state in %.2fs (%d open conversations)",
+                     session_id, ", ".join(f"{d.name} at row {d.rows_read}"
+                                           for d in engine.datasets),
+                     time.monotonic() - t0, engine.open_convs)
+            return await _run_engine(engine, cfg, live)
+    except BaseException as exc:
+        reason = (str(exc) if isinstance(exc, RunError | ApiError)
+                  else f"crashed: {exc!r}")
+        _end_session(store, session_id, "failed", reason)
+        raise
+    finally:
+        if sim is not None:
+            await asyncio.to_thread(sim.stop)
+
+
+def _end_session(store: Store, session_id: int, state: str, reason: str) -> None:
+    try:
+        now = time.time()
+        row = store.conn.execute("SELECT state FROM sessions WHERE id=?", (session_id,)).fetchone()
+        if row and row[0] == "running":
+            store.conn.execute("UPDATE sessions SET state=?, stop_reason=?, ended_at=?, "
+                               "heartbeat_at=? WHERE id=?",
+                               (state, reason, now, now, session_id))
+    except Exception:  # noqa: BLE001 - best effort while already failing
+        log.exception("could not record the end of the session")
+
+
+async def _policy_and_prices(cfg: RunConfig, client) -> tuple[ProviderPolicy, Any]:
+    endpoints = []
+    if _fetch_endpoints_wanted(cfg):
+        path = f"models/{quote(cfg.target.model, safe='/')}/endpoints"
+        try:
+            endpoints = parse_endpoints(await client.get_json(path))
+        except ApiError as err:
+            if err.kind == "auth":
+                raise RunError(f"the API refused the key while listing endpoints: {err}") from None
+            log.warning("could not fetch the endpoint list (%s): provider quantizations and "
+                        "prices are unknown", err)
+    policy = ProviderPolicy(cfg.endpoint.provider, endpoints)
+    if endpoints:
+        log.info("endpoints of %s: %s", cfg.target.model, policy.describe())
+        if policy.active and not policy.allowed_endpoints():
+            raise RunError(
+                f"no endpoint of {cfg.target.model} matches [endpoint.provider] "
+                f"(endpoints: {policy.describe()}); relax the policy")
+    b = cfg.budget
+    prices = resolve_prices(b.prompt_price_per_m, b.completion_price_per_m,
+                            policy.max_prices())
+    return policy, prices
+
+
+async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
+    from .live import LiveView, progress_line
+
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, engine.request_stop, f"signal {signal.Signals(sig).name}")
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    interval = cfg.engine.log_interval
+    last = [time.monotonic()]
+
+    def plain_tick() -> None:
+        if time.monotonic() - last[0] >= interval:
+            last[0] = time.monotonic()
+            log.info("%s", progress_line(engine))
+
+    try:
+        if live:
+            with LiveView(engine) as view:
+                from rich.logging import RichHandler
+
+                console_log = RichHandler(level=logging.WARNING, console=view.console,
+                                          show_path=False)
+                logging.getLogger("specgen").addHandler(console_log)
+
+                def tick() -> None:
+                    view.update()
+                    if time.monotonic() - last[0] >= interval:  # the log file still gets lines
+                        last[0] = time.monotonic()
+                        logging.getLogger("specgen.progress").info("%s", progress_line(engine))
+                try:
+                    outcome = await engine.run(on_tick=tick)
+                finally:
+                    logging.getLogger("specgen").removeHandler(console_log)
+        else:
+            outcome = await engine.run(on_tick=plain_tick)
+        log.info("%s", progress_line(engine))
+        log.info("session ended: %s — %s", outcome.state, outcome.stop_reason)
+        return outcome
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,823 @@
+"""The scheduler: one asyncio loop keeping `concurrency` requests in flight.
+
+Work flows dataset by dataset (in listed order, or interleaved by weight): rows are read lazily
+and admitted as conversations only while fewer than `admit_window x concurrency` are open, each
+conversation yields one task at a time (its next turn, from the planner), and a task is tried
+until it is done, failed or quarantined. Everything is recorded through the batched writer;
+see docs/engine.md for the whole story (retries, budgets, policy, stopping, resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..client.retry import backoff_delay
+from ..client.types import ApiError, ChatResponse
+from ..config import RunConfig
+from ..conversation import AssistantMessage, Conversation
+from ..render import Renderer, RenderError
+from ..store import Store, pack_ids, pack_json, unpack_json
+from .budget import Budget
+from .concurrency import AdaptiveLimit
+from .control import clear_control, read_control
+from .policy import ProviderPolicy
+from .shard import Shard
+from .stages import Stages
+from .state import Conv, DsRun, Job
+from .stats import RunStats
+from .writer import StoreWriter
+
+log = logging.getLogger("specgen.engine")
+
+LIVE_FILE = "live.json"  # figures of the running session, for `specgen status`
+ADMIT_CHUNK = 64  # conversations admitted per pass (keeps the loop responsive)
+READ_CHUNK = 2048  # rows read per pass at most (rows of other shards, duplicates...)
+
+
+class RowFailure(Exception):
+    """A dataset row could not be parsed and the dataset does not skip invalid rows."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    state: str  # finished | stopped | failed
+    stop_reason: str
+    exit_code: int
+
+
+class Engine:
+    """Runs one session over an opened store. Build it with `specgen.engine.runner`."""
+
+    def __init__(
+        self, cfg: RunConfig, *, store: Store, client: Any, renderer: Renderer,
+        stages: Stages, policy: ProviderPolicy, budget: Budget, session_id: int,
+        reader: Store | None = None,
+        shard: Shard | None = None, drain_timeout: float | None = None,
+        threaded_commits: bool = True,
+    ):
+        self.cfg = cfg
+        self.store = store
+        self.reader = reader or store  # a second connection for reads during threaded commits
+        self.client = client
+        self.renderer = renderer
+        self.stages = stages
+        self.policy = policy
+        self.budget = budget
+        self.session_id = session_id
+        self.shard = shard
+        ep = cfg.endpoint
+        self.drain_timeout = cfg.engine.drain_timeout if drain_timeout is None else drain_timeout
+        self.limit = AdaptiveLimit(ep.concurrency, ep.min_concurrency,
+                                   enabled=ep.adaptive_concurrency)
+        self.window = max(1, int(cfg.engine.admit_window * ep.concurrency))
+        self.writer = StoreWriter(store, interval=cfg.engine.commit_interval,
+                                  max_rows=cfg.engine.commit_rows, threaded=threaded_commits)
+        self.stats = RunStats()
+        self.datasets: list[DsRun] = []
+        self.by_name: dict[str, DsRun] = {}
+        self.weighted = any(d.weight is not None for d in cfg.datasets)
+        self.inflight: dict[asyncio.Task, Job] = {}
+        self.retries: list[tuple[float, int, Job]] = []  # heap of (due, seq, job)
+        self._seq = itertools.count()
+        self.open_convs = 0
+        self._next_conv = 0
+        self._next_task = 0
+        self._wake = asyncio.Event()
+        self._stop_now = asyncio.Event()
+        self.stopping: str | None = None  # None | "drain" | "now"
+        self.stop_reason: str | None = None
+        self.fatal: str | None = None  # why the run must stop (fatal error, bad row)
+        self.events_logged: set[tuple[str, str]] = set()
+        self.started_at = time.time()
+
+    # ---------------------------------------------------------------------------------------
+    # loading (resume)
+    def load(self, *, retry_failed: bool = False) -> None:
+        """Rebuild the in-memory state from the store: cursors, counters, open conversations."""
+        store, cfg = self.store, self.cfg
+        if retry_failed:
+            n = store.reset_failed_tasks([d.name for d in cfg.datasets])
+            if n:
+                log.info("--retry-failed: %d failed task(s) made pending again", n)
+        table = store.datasets_table()
+        task_counts = store.task_counts()
+        conv_counts = store.conversation_counts()
+        spend = store.spend()
+        for pos, dcfg in enumerate(cfg.datasets):
+            old = table.get(dcfg.name, {})
+            ds = DsRun(cfg=dcfg, position=pos, max_tokens=cfg.max_tokens_for(dcfg),
+                       config_hash=cfg.dataset_result_hash(dcfg))
+            ds.rows_read = old.get("rows_read", 0)
+            ds.rows_invalid = old.get("rows_invalid", 0)
+            ds.rows_duplicate = old.get("rows_duplicate", 0)
+            ds.rows_other_shard = old.get("rows_other_shard", 0)
+            ds.exhausted = bool(old.get("exhausted", 0))
+            ds.tasks = dict(task_counts.get(dcfg.name, {}))
+            ds.convs_by_status = dict(conv_counts.get(dcfg.name, {}))
+            ds.conversations = sum(ds.convs_by_status.values())
+            s = spend.get(dcfg.name, {})
+            self.budget.add_dataset(
+                dcfg.name, dcfg.token_budget, prompt_tokens=int(s.get("prompt_tokens", 0)),
+                completion_tokens=int(s.get("completion_tokens", 0)),
+                cost_usd=float(s.get("cost_usd", 0.0)))
+            self.datasets.append(ds)
+            self.by_name[dcfg.name] = ds
+        # Spend of datasets no longer in the config still counts against the run's dollar cap.
+        for name, s in spend.items():
+            if name not in self.by_name and name is not None:
+                self.budget.cost_usd += float(s.get("cost_usd", 0.0))
+        self._next_conv = store.max_id("conversations")
+        self._next_task = store.max_id("tasks")
+        for cid, dsname, _conv_id, row_index, status, data in store.open_conversations():
+            ds = self.by_name.get(dsname)
+            if ds is None:
+                continue  # dataset removed from the config: left as it is
+            conv = Conv(id=cid, ds=ds, conv=Conversation.from_json(unpack_json(data)),
+                        row_index=row_index, status=status)
+            conv.answers = {t: AssistantMessage.from_openai(m)
+                            for t, m in store.answers_of(cid).items()}
+            self.open_convs += 1
+            ds.open += 1
+            self._advance(conv, known_tasks=store.tasks_of(cid))
+        for ds in self.datasets:
+            self._refresh_state(ds)
+
+    # ---------------------------------------------------------------------------------------
+    # admission
+    def _admissible(self) -> list[DsRun]:
+        """Datasets that may take new conversations now, in the order to take them."""
+        live = [d for d in self.datasets if d.can_admit()]
+        if not live:
+            return []
+        if self.weighted:
+            return sorted(live, key=lambda d: (d.admitted_session / d.weight, d.position))
+        return live[:1]
+
+    def _fill(self) -> bool:
+        """Admit conversations until the window is full or no dataset can take more, a few
+        chunks per call. True when more could be admitted right away (call again soon)."""
+        if self.stopping or self.fatal:
+            return False
+        for _ in range(4):
+            if self.open_convs >= self.window:
+                return False
+            candidates = self._admissible()
+            if not candidates:
+                return False
+            self._admit(candidates[0], min(ADMIT_CHUNK, self.window - self.open_convs))
+            if self.fatal:
+                return False
+        return self.open_convs < self.window and bool(self._admissible())
+
+    def _admit(self, ds: DsRun, want: int) -> int:
+        """Read rows of `ds` until `want` conversations are admitted (or READ_CHUNK rows)."""
+        if ds.limit_hit():
+            self._set_state(ds, "limit_reached", f"limit of {ds.cfg.limit} conversations reached")
+            return 0
+        if ds.rows is None:
+            ds.rows = iter(self.stages.iter_rows(ds.cfg, start=ds.rows_read))
+        admitted = 0
+        writer = self.writer
+        for _ in range(READ_CHUNK):
+            try:
+                row = next(ds.rows)
+            except StopIteration:
+                ds.exhausted = True
+                ds.dirty = True
+                self._refresh_state(ds)
+                break
+            if row.error is not None:
+                err = row.error
+                where = f"{err.file}:{err.line}" if err.line is not None else f"{err.file}"
+                if not ds.cfg.skip_invalid:
+                    self.fatal = (
+                        f"invalid row in dataset {ds.name!r} at {where} (row {row.index}): "
+                        f"{err.reason} — fix the row or set skip_invalid = true for this dataset"
+                    )
+                    self._event("invalid_row", ds.name, None, self.fatal)
+                    break
+                ds.rows_read = row.index + 1
+                ds.rows_invalid += 1
+                ds.dirty = True
+                writer.batch.invalid_rows.append((ds.name, row.index, err.line, err.reason))
+                continue
+            ds.rows_read = row.index + 1
+            ds.dirty = True
+            conv: Conversation = row.conversation
+            if self.shard is not None and not self.shard.owns(conv.id):
+                ds.rows_other_shard += 1
+            elif (writer.has_uncommitted_conv(ds.name, conv.id)
+                  or self.reader.has_conversation(ds.name, conv.id)):
+                ds.rows_duplicate += 1
+            else:
+                self._new_conversation(ds, conv, row.index)
+                admitted += 1
+            if ds.limit_hit():
+                self._set_state(ds, "limit_reached",
+                                f"limit of {ds.cfg.limit} conversations reached")
+                break
+            if admitted >= want:
+                break
+        return admitted
+
+    def _new_conversation(self, ds: DsRun, conv: Conversation, row_index: int) -> None:
+        self._next_conv += 1
+        c = Conv(id=self._next_conv, ds=ds, conv=conv, row_index=row_index, status="pending")
+        self.writer.batch.conversations.append(
+            (c.id, ds.name, conv.id, row_index, "pending", None, pack_json(conv.to_json())))
+        self.writer.uncommitted_convs.add((ds.name, conv.id))
+        ds.conversations += 1
+        ds.admitted_session += 1
+        ds.conv_bump("pending")
+        ds.open += 1
+        self.open_convs += 1
+        self._advance(c)
+
+    # ---------------------------------------------------------------------------------------
+    # conversation progress
+    def _advance(self, c: Conv, known_tasks: dict[int, tuple] | None = None) -> None:
+        """Ask the planner for the conversation's next request; queue it or close the
+        conversation. `known_tasks` (resume): {turn: (id, status, attempts, error)}."""
+        try:
+            step = self.stages.next_request(c.conv, c.answers, c.ds.cfg.turns)
+        except Exception as exc:  # noqa: BLE001 - a planner bug must not kill the run
+            log.exception("planner failed on conversation %s", c.conv.id)
+            self._close(c, "failed", f"planner_error: {exc}")
+            return
+        if isinstance(step, self.stages.end):
+            self._close(c, "ended" if step.reason else "done", step.reason)
+            return
+        known = (known_tasks or {}).get(step.turn)
+        if known is not None:
+            task_id, status, attempts, error = known
+            if status == "failed":
+                self._close(c, "failed", f"failed: {error}")
+                return
+            if status == "quarantined":
+                self._close(c, "ended", error or "quarantined")
+                return
+            if status == "done":  # a result without its answer cannot happen; be safe
+                self._close(c, "failed", "inconsistent: task done without a result")
+                return
+        else:
+            task_id, attempts = None, 0
+        try:
+            body = self.stages.build_request(self.cfg, c.ds.cfg, step)
+            prompt_ids = array("I", self.renderer.prompt_ids(step.messages, step.tools))
+        except (RenderError, ValueError, TypeError, KeyError) as exc:
+            reason = f"render_error: {exc}" if isinstance(exc, RenderError) else f"request_error: {exc}"
+            if task_id is None:
+                task_id = self._new_task_id()
+            self._task_row(task_id, c, step.turn, "failed", attempts, reason)
+            c.ds.bump("failed")
+            self._close(c, "failed", reason)
+            return
+        if task_id is None:
+            task_id = self._new_task_id()
+            self._task_row(task_id, c, step.turn, "pending", 0, None)
+            c.ds.bump("pending")
+        job = Job(task_id=task_id, conv=c, turn=step.turn, messages=list(step.messages),
+                  tools=step.tools, body=body, prompt_ids=prompt_ids, attempts=attempts)
+        c.ds.ready.append(job)
+
+    def _new_task_id(self) -> int:
+        self._next_task += 1
+        return self._next_task
+
+    def _task_row(self, task_id: int, c: Conv, turn: int, status: str, attempts: int,
+                  error: str | None) -> None:
+        self.writer.batch.tasks[task_id] = (task_id, c.id, c.ds.name, turn, status, attempts,
+                                            error)
+
+    def _close(self, c: Conv, status: str, reason: str | None) -> None:
+        """A conversation is finished: done (normally), ended (early) or failed."""
+        ds = c.ds
+        ds.conv_bump(c.status, -1)
+        ds.conv_bump(status)
+        c.status = status
+        self.writer.batch.conv_status[c.id] = (status, reason)
+        ds.open -= 1
+        self.open_convs -= 1
+        self._refresh_state(ds)
+
+    def _set_status(self, c: Conv, status: str) -> None:
+        if c.status != status:
+            c.ds.conv_bump(c.status, -1)
+            c.ds.conv_bump(status)
+            c.status = status
+            self.writer.batch.conv_status[c.id] = (status, None)
+
+    def _refresh_state(self, ds: DsRun) -> None:
+        if ds.state == "active" and ds.limit_hit():
+            self._set_state(ds, "limit_reached", f"limit of {ds.cfg.limit} conversations reached")
+        if ds.state in ("active", "done") and ds.exhausted:
+            finished = ds.open == 0 and not ds.tasks.get("pending")
+            self._set_state(ds, "done" if finished else "active", None)
+
+    def _set_state(self, ds: DsRun, state: str, why: str | None) -> None:
+        if ds.state == state:
+            return
+        ds.state = state
+        ds.dirty = True
+        if why:
+            self._event(state, ds.name, None, why)
+            log.info("dataset %s: %s", ds.name, why)
+
+    def _drop_ready(self, ds: DsRun) -> None:
+        """Forget a blocked dataset's queued jobs (they stay pending in the store) so its
+        conversations stop holding the admission window."""
+        while ds.ready:
+            job = ds.ready.popleft()
+            self._forget(job.conv)
+        keep = []
+        for item in self.retries:
+            if item[2].ds is ds:
+                self._forget(item[2].conv)
+            else:
+                keep.append(item)
+        if len(keep) != len(self.retries):
+            self.retries = keep
+            heapq.heapify(self.retries)
+
+    def _forget(self, c: Conv) -> None:
+        c.ds.open -= 1
+        self.open_convs -= 1
+
+    # ---------------------------------------------------------------------------------------
+    # dispatch
+    def _order(self) -> list[DsRun]:
+        if self.weighted:
+            return sorted(self.datasets, key=lambda d: (d.tasks.get("done", 0) / d.weight,
+                                                        d.position))
+        return self.datasets
+
+    def _pick(self) -> Job | None:
+        """The next job to send, honouring dataset order and budgets."""
+        for ds in self._order():
+            if not ds.ready:
+                continue
+            job = ds.ready[0]
+            verdict = self.budget.check(ds.name, len(job.prompt_ids), ds.max_tokens)
+            if verdict == "ok":
+                ds.blocked = None
+                return ds.ready.popleft()
+            if verdict == "wait":
+                continue
+            if verdict == "tokens_exhausted":
+                ds.blocked = "tokens"
+                self._set_state(ds, "budget_reached",
+                                f"token budget of {ds.cfg.token_budget:,} completion tokens "
+                                "reached")
+            else:
+                ds.blocked = "cost"
+                self._set_state(ds, "budget_reached",
+                                f"run cost cap of ${self.budget.max_cost_usd:g} reached")
+            self._drop_ready(ds)
+        return None
+
+    def _release_due(self) -> float | None:
+        """Move retries whose backoff is over back to the front of their queues; returns the
+        time until the next one is due (None when there is none)."""
+        now = time.monotonic()
+        while self.retries and self.retries[0][0] <= now:
+            _, _, job = heapq.heappop(self.retries)
+            job.ds.ready.appendleft(job)
+        return self.retries[0][0] - now if self.retries else None
+
+    def _launch(self, job: Job) -> None:
+        ds = job.ds
+        job.reservation = self.budget.reserve(ds.name, len(job.prompt_ids), ds.max_tokens)
+        job.epoch = self.limit.epoch
+        job.attempts += 1
+        ds.in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._attempt(job))
+        self.inflight[task] = job
+        task.add_done_callback(self._attempt_done)
+
+    def _attempt_done(self, task: asyncio.Task) -> None:
+        job = self.inflight.pop(task, None)
+        if job is not None:
+            job.ds.in_flight -= 1
+            if job.reservation is not None:
+                self.budget.release(job.reservation)
+                job.reservation = None
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("internal error while handling an answer: %r", exc, exc_info=exc)
+            self.fatal = self.fatal or f"internal error: {exc!r}"
+        self._wake.set()
+
+    def _has_work(self) -> bool:
+        if self.retries:
+            return True
+        if any(ds.ready and ds.blocked is None for ds in self.datasets):
+            return True
+        return bool(self._admissible())
+
+    async def _dispatch(self) -> None:
+        """Keep the limit's worth of requests in flight until there is nothing left to do,
+        a stop was asked, or a fatal error happened."""
+        while not (self.stopping or self.fatal):
+            due_in = self._release_due()
+            more = self._fill()
+            while len(self.inflight) < self.limit.limit and not (self.stopping or self.fatal):
+                job = self._pick()
+                if job is None:
+                    break
+                self._launch(job)
+                if len(self.inflight) % 64 == 0:
+                    self._fill()
+            if self.stopping or self.fatal:
+                break
+            if not self.inflight and not self._has_work():
+                break
+            if more:
+                await asyncio.sleep(0)  # let sockets run, then read more rows
+                continue
+            self._wake.clear()
+            timeout = 1.0 if due_in is None else min(1.0, max(due_in, 0.001))
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    # ---------------------------------------------------------------------------------------
+    # one attempt
+    async def _attempt(self, job: Job) -> None:
+        started = time.time()
+        try:
+            resp = await self.client.chat(job.body)
+        except ApiError as err:
+            self._on_error(job, err)
+        except asyncio.CancelledError:
+            self._attempt_row(job, "cancelled", started=started, error="cancelled by stop --now")
+            raise
+        except Exception as exc:  # noqa: BLE001 - a client bug: count it and retry
+            log.exception("unexpected client failure")
+            self._on_error(job, ApiError("connection", f"unexpected client failure: {exc!r}"))
+        else:
+            self._on_answer(job, resp)
+
+    def _charge(self, job: Job, usage: dict[str, Any]) -> tuple[int, int, float | None]:
+        pt = int(usage.get("prompt_tokens") or 0)
+        ct = int(usage.get("completion_tokens") or 0)
+        reported = usage.get("cost")
+        reported = float(reported) if isinstance(reported, int | float) else None
+        cost = self.budget.attempt_cost(pt, ct, reported)
+        self.budget.charge(job.ds.name, pt, ct, cost)
+        self.stats.completion_tokens += ct
+        return pt, ct, cost
+
+    def _attempt_row(self, job: Job, outcome: str, *, started: float, base_url=None,
+                     provider=None, model=None, first_byte=None, ended=None, status=None,
+                     error=None, pt=None, ct=None, cost=None, gen_id=None) -> None:
+        self.stats.attempts += 1
+        self.writer.batch.attempts.append((
+            job.task_id, self.session_id, base_url, provider, model, started, first_byte,
+            ended if ended is not None else time.time(), outcome, status, error, pt, ct, cost,
+            gen_id, job.ds.name))
+
+    def _on_error(self, job: Job, err: ApiError) -> None:
+        pt, ct, cost = self._charge(job, err.usage)
+        kind = err.kind
+        retryable = err.retryable
+        availability = err.availability
+        if kind == "no_endpoints" and availability and availability.get("retryable") is True:
+            retryable = True  # OpenRouter says the filter will match again soon
+        fatal_run = err.fatal_for_run and not retryable
+        outcome = f"retry:{kind}" if retryable else f"fatal:{kind}"
+        self._attempt_row(
+            job, outcome, started=err.started_at or time.time(), base_url=err.base_url,
+            provider=err.provider, model=err.model, first_byte=err.first_byte_at,
+            ended=err.ended_at or None, status=err.status, error=str(err)[:2000], pt=pt,
+            ct=ct, cost=cost, gen_id=err.generation_id)
+        self.stats.errors[kind] += 1
+        p = self.stats.provider(err.provider)
+        p.requests += 1
+        p.errors[kind] += 1
+        p.prompt_tokens += pt
+        p.completion_tokens += ct
+        p.cost_usd += cost or 0.0
+        if self.limit.on_error(kind, job.epoch):
+            self._event("concurrency", None, err.provider,
+                        f"{kind}: concurrency lowered to {self.limit.limit}")
+        job.last_error = str(err)[:500]
+        if fatal_run:
+            self._task_row(job.task_id, job.conv, job.turn, "pending", job.attempts, job.last_error)
+            job.ds.ready.appendleft(job)  # stays pending: a later run sends it again
+            if not self.fatal:
+                self.fatal = _fatal_message(err)
+                self._event("fatal", job.ds.name, err.provider, self.fatal)
+                log.error("%s", self.fatal)
+            return
+        if retryable:
+            self._retry_or_fail(job, kind, err.retry_after)
+        else:
+            self._fail(job, kind, job.last_error)
+
+    def _retry_or_fail(self, job: Job, kind: str, retry_after: float | None = None) -> None:
+        ep = self.cfg.endpoint
+        if job.attempts >= ep.max_attempts:
+            self._fail(job, kind, f"gave up after {job.attempts} attempts; last: {job.last_error}")
+            return
+        self._task_row(job.task_id, job.conv, job.turn, "pending", job.attempts, job.last_error)
+        delay = backoff_delay(job.attempts, base=ep.retry_base_delay, cap=ep.retry_max_delay,
+                              retry_after=retry_after)
+        job.not_before = time.monotonic() + delay
+        heapq.heappush(self.retries, (job.not_before, next(self._seq), job))
+
+    def _fail(self, job: Job, kind: str, error: str | None) -> None:
+        reason = f"{kind}: {error}" if error and not error.startswith(kind) else (error or kind)
+        self._task_row(job.task_id, job.conv, job.turn, "failed", job.attempts, reason)
+        job.ds.bump("pending", -1)
+        job.ds.bump("failed")
+        self._close(job.conv, "failed", f"failed:{kind}")
+
+    def _on_answer(self, job: Job, resp: ChatResponse) -> None:
+        ds = job.ds
+        pt, ct, cost = self._charge(job, resp.usage)
+        provider = resp.provider
+        pstats = self.stats.provider(provider)
+        pstats.requests += 1
+        pstats.prompt_tokens += pt
+        pstats.completion_tokens += ct
+        pstats.cost_usd += cost or 0.0
+        latency = (resp.ended_at - resp.started_at) if resp.ended_at else None
+        common = dict(started=resp.started_at or time.time(), base_url=resp.base_url,
+                      provider=provider, model=resp.model, first_byte=resp.first_byte_at,
+                      ended=resp.ended_at or None, status=getattr(resp, "http_status", None),
+                      pt=pt, ct=ct, cost=cost, gen_id=resp.id)
+        rejection = self.policy.rejection(provider)
+        if rejection is not None:
+            pstats.rejected += 1
+            self.stats.rejections[rejection] += 1
+            self._attempt_row(job, f"rejected:{rejection}", error=f"provider {provider!r}",
+                              **common)
+            job.last_error = f"answer from provider {provider!r} rejected: {rejection}"
+            self._event_once("rejected", ds.name, provider, job.last_error)
+            self._retry_or_fail(job, "rejected")
+            return
+        try:
+            norm = self.stages.normalize(resp, tools=job.tools, renderer=self.renderer,
+                                         on_length=ds.cfg.on_length)
+            message = norm.message
+            completion = self.renderer.completion_ids(message, context=job.messages,
+                                                      tools=job.tools)
+        except self.stages.quarantined as q:
+            self._quarantine(job, resp, getattr(q, "reason", str(q)), common, pstats)
+            return
+        except RenderError as exc:
+            self._quarantine(job, resp, f"render_error: {exc}", common, pstats)
+            return
+        pstats.ok += 1
+        if latency is not None:
+            pstats.latency.add(latency)
+        repairs = list(norm.repairs)
+        pstats.repairs.update(repairs)
+        self.limit.on_success()
+        self._attempt_row(job, "ok", **common)
+        msg_json = message.to_openai()
+        usage = resp.usage or {}
+        details = usage.get("completion_tokens_details") or {}
+        input_ids = job.prompt_ids + array("I", completion)
+        self.writer.batch.results.append((
+            job.task_id, job.conv.id, ds.name, job.turn, provider, resp.model,
+            resp.finish_reason, resp.native_finish_reason,
+            pack_json({"messages": job.messages, "tools": job.tools}),
+            orjson.dumps(msg_json).decode(), pack_ids(input_ids), len(job.prompt_ids),
+            pack_ids(resp.prompt_token_ids) if resp.prompt_token_ids is not None else None,
+            pack_ids(resp.completion_token_ids) if resp.completion_token_ids is not None else None,
+            pt, ct, details.get("reasoning_tokens") if isinstance(details, dict) else None,
+            cost, orjson.dumps(repairs).decode(), latency, time.time()))
+        self._task_row(job.task_id, job.conv, job.turn, "done", job.attempts, None)
+        ds.bump("pending", -1)
+        ds.bump("done")
+        self.stats.answers += 1
+        c = job.conv
+        c.answers[job.turn] = message
+        self._set_status(c, "active")
+        self._advance(c)
+        if c.ds.ready and c.ds.ready[-1].conv is c:
+            # continue this conversation before starting new ones
+            c.ds.ready.rotate(1)
+
+    def _quarantine(self, job: Job, resp: ChatResponse, reason: str, common: dict,
+                    pstats) -> None:
+        ds = job.ds
+        pstats.quarantined += 1
+        self.stats.quarantines[reason.split(":", 1)[0]] += 1
+        self._attempt_row(job, f"quarantined:{reason}", **common)
+        self.writer.batch.quarantine.append((
+            job.task_id, ds.name, resp.provider, reason, pack_json(_response_json(resp)),
+            time.time()))
+        if job.quarantines < self.cfg.endpoint.quarantine_retries:
+            job.quarantines += 1
+            job.last_error = f"quarantined: {reason}"
+            self._retry_or_fail(job, "quarantined")
+            return
+        self._task_row(job.task_id, job.conv, job.turn, "quarantined", job.attempts,
+                       f"quarantined:{reason}")
+        ds.bump("pending", -1)
+        ds.bump("quarantined")
+        self._close(job.conv, "ended", f"quarantined:{reason}")
+
+    # ---------------------------------------------------------------------------------------
+    # events, control, periodic work
+    def _event(self, kind: str, dataset: str | None, provider: str | None, detail: str) -> None:
+        self.writer.batch.events.append(
+            (time.time(), self.session_id, kind, dataset, provider, detail))
+
+    def _event_once(self, kind: str, dataset: str | None, provider: str | None,
+                    detail: str) -> None:
+        key = (kind, f"{dataset}|{provider}")
+        if key not in self.events_logged:
+            self.events_logged.add(key)
+            self._event(kind, dataset, provider, detail)
+            log.warning("%s", detail)
+
+    def request_stop(self, why: str, now: bool = False) -> None:
+        """First call: stop dispatching and drain. A second call (or now=True): cancel."""
+        if now or self.stopping == "drain":
+            if self.stopping != "now":
+                self.stopping = "now"
+                self.stop_reason = self.stop_reason or why
+                self._event("stop_now", None, None, why)
+                log.warning("stopping now (%s): cancelling %d request(s) in flight",
+                            why, len(self.inflight))
+            self._stop_now.set()
+        elif self.stopping is None:
+            self.stopping = "drain"
+            self.stop_reason = why
+            self._event("stop", None, None, why)
+            log.warning("stopping (%s): no new requests; waiting up to %gs for %d in flight "
+                        "(stop again to cancel them)", why, self.drain_timeout, len(self.inflight))
+        self._wake.set()
+
+    def _poll_control(self) -> None:
+        ctl = read_control(self.store.path.parent)
+        if ctl is None:
+            return
+        clear_control(self.store.path.parent)
+        if ctl.get("session") not in (None, self.session_id):
+            return
+        action = ctl.get("action")
+        if action == "now":
+            self.request_stop("specgen stop --now", now=True)
+        elif action == "drain":
+            self.request_stop("specgen stop")
+
+    def live_figures(self) -> dict[str, Any]:
+        """What only the running process knows (for `specgen status`, via live.json)."""
+        rps, tps = self.stats.rate.rates()
+        return {
+            "session": self.session_id, "ts": time.time(), "stopping": self.stopping,
+            "in_flight": len(self.inflight), "concurrency_limit": self.limit.limit,
+            "max_concurrency": self.limit.maximum, "concurrency_backoffs": self.limit.backoffs,
+            "retrying": len(self.retries), "open_conversations": self.open_convs,
+            "requests_per_s": round(rps, 3), "completion_tokens_per_s": round(tps, 1),
+            "errors": dict(self.stats.errors),
+            "providers": {k: v.to_json() for k, v in self.stats.providers.items()},
+            "prices": self.budget.prices.to_json(),
+            "reserved_cost_usd": round(self.budget.reserved_cost, 6),
+        }
+
+    def write_live_file(self) -> None:
+        path = self.store.path.parent / LIVE_FILE
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(orjson.dumps(self.live_figures()))
+            os.replace(tmp, path)
+        except OSError as exc:  # cosmetic: never stop a run for it
+            log.debug("could not write %s: %s", path, exc)
+
+    def stage_datasets(self) -> None:
+        for ds in self.datasets:
+            if ds.dirty:
+                self.writer.batch.datasets[ds.name] = ds.row()
+                ds.dirty = False
+
+    async def _ticker(self, on_tick=None) -> None:
+        try:
+            await self._tick_forever(on_tick)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("periodic work failed")
+            self.fatal = self.fatal or f"internal error in the store writer: {exc!r}"
+            self._wake.set()
+            self._stop_now.set()
+
+    async def _tick_forever(self, on_tick) -> None:
+        eng = self.cfg.engine
+        last_beat = 0.0
+        while True:
+            await asyncio.sleep(min(eng.commit_interval, 0.25))
+            now = time.monotonic()
+            self._poll_control()
+            self.stats.tick()
+            if now - last_beat >= eng.heartbeat_interval:
+                last_beat = now
+                self.writer.batch.session = (time.time(), "running", None, None, self.session_id)
+                self.write_live_file()
+            if self.writer.due() or self.writer.batch.session is not None:
+                self.stage_datasets()
+                await self.writer.flush_async()
+            if on_tick is not None:
+                on_tick()
+
+    # ---------------------------------------------------------------------------------------
+    # the session
+    async def run(self, on_tick=None) -> Outcome:
+        ticker = asyncio.get_running_loop().create_task(self._ticker(on_tick))
+        try:
+            await self._dispatch()
+            await self._drain()
+        finally:
+            ticker.cancel()
+            try:
+                await ticker
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+            await self.writer.wait_idle()
+        return self._finish()
+
+    async def _drain(self) -> None:
+        if not self.inflight:
+            return
+        timeout = self.drain_timeout
+        if self.stopping is None and not self.fatal:
+            timeout = None  # finished normally: the loop only ends once nothing is in flight
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.inflight and not self._stop_now.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.stop_reason = (self.stop_reason or "stop") + (
+                    f"; drain timeout ({self.drain_timeout:g}s) hit, in-flight requests cancelled")
+                break
+            waiter = asyncio.ensure_future(self._stop_now.wait())
+            await asyncio.wait([*self.inflight, waiter], timeout=left,
+                               return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        if self.inflight:
+            tasks = list(self.inflight)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _finish(self) -> Outcome:
+        for ds in self.datasets:
+            self._refresh_state(ds)
+        if self.fatal:
+            state, reason, code = "failed", self.fatal, 1
+        elif self.stopping:
+            pending = sum(ds.tasks.get("pending", 0) for ds in self.datasets)
+            state, reason = "stopped", f"{self.stop_reason} ({pending:,} task(s) left pending)"
+            code = 0 if self.stopping == "drain" and "drain timeout" not in reason else 3
+        else:
+            state, code = "finished", 0
+            blocked = [ds for ds in self.datasets if ds.state == "budget_reached"]
+            limited = [ds for ds in self.datasets if ds.state == "limit_reached"]
+            parts = []
+            if blocked:
+                parts.append("budget reached: " + ", ".join(ds.name for ds in blocked))
+            if limited:
+                parts.append("limit reached: " + ", ".join(ds.name for ds in limited))
+            reason = "; ".join(parts) or "all datasets done"
+        self._event("session_end", None, None, f"{state}: {reason}")
+        self.stage_datasets()
+        self.writer.batch.session = (time.time(), state, reason, time.time(), self.session_id)
+        self.writer.flush()
+        self.write_live_file()
+        return Outcome(state, reason, code)
+
+
+def _fatal_message(err: ApiError) -> str:
+    hints = {
+        "auth": "check the API key in the environment variable named by endpoint.api_key_env",
+        "credits": "add credits (or raise the key's limit), then rerun the same command to "
+                   "resume",
+        "no_endpoints": "no provider matches the model and the provider policy; relax "
+                        "[endpoint.provider] or check the model name, then rerun to resume",
+    }
+    return f"{err} — {hints.get(err.kind, 'fix the cause and rerun to resume')}"
+
+
+def _response_json(resp: ChatResponse) -> dict[str, Any]:
+    return {
+        "content": resp.content, "reasoning": resp.reasoning,
+        "reasoning_field": resp.reasoning_field,
+        "tool_calls": [{"index": c.index, "id": c.id, "name": c.name, "arguments": c.arguments}
+                       for c in resp.tool_calls],
+        "finish_reason": resp.finish_reason, "native_finish_reason": resp.native_finish_reason,
+        "provider": resp.provider, "model": resp.model, "id": resp.id, "usage": resp.usage,
+    }

@@ -1,0 +1,32 @@
+"""The pipeline stages the engine calls (docs/design.md, "Stage interfaces"), gathered in one
+object so the engine has a single seam to them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Stages:
+    iter_rows: Callable[..., Any]  # specgen.sources.iter_rows(ds, start=)
+    next_request: Callable[..., Any]  # specgen.planner.next_request(conv, answers, turns)
+    build_request: Callable[..., Any]  # specgen.request.build_request(cfg, ds, req)
+    normalize: Callable[..., Any]  # specgen.normalize.normalize(resp, tools=, renderer=, on_length=)
+    quarantined: type[BaseException]  # specgen.normalize.Quarantined
+    end: type  # specgen.planner.End
+
+
+def default_stages() -> Stages:
+    """The real stages from specgen.sources / planner / request / normalize."""
+    from .. import normalize, planner, request, sources
+
+    return Stages(
+        iter_rows=sources.iter_rows,
+        next_request=planner.next_request,
+        build_request=request.build_request,
+        normalize=normalize.normalize,
+        quarantined=normalize.Quarantined,
+        end=planner.End,
+    )

@@ -1,0 +1,106 @@
+"""The engine's in-memory state: datasets being read, open conversations, jobs (tasks).
+
+Only a window of conversations is in memory; everything else lives in the store. A job is one
+task (one request of one conversation) with what is needed to send it again: the request body
+and the prompt ids (for the budget's worst case and for the sample).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import DatasetConfig
+from ..conversation import AssistantMessage, Conversation, Message, Tool
+from .budget import Reservation
+
+
+@dataclass(slots=True, eq=False)
+class DsRun:
+    """One dataset of the run: resume cursor, counters, and its queue of ready jobs."""
+
+    cfg: DatasetConfig
+    position: int
+    max_tokens: int
+    config_hash: str
+    rows_read: int = 0
+    rows_invalid: int = 0
+    rows_duplicate: int = 0
+    rows_other_shard: int = 0
+    exhausted: bool = False
+    state: str = "active"  # active | budget_reached | limit_reached | done
+    conversations: int = 0  # conversations admitted so far (store + session)
+    tasks: dict[str, int] = field(default_factory=dict)  # task status -> count
+    convs_by_status: dict[str, int] = field(default_factory=dict)
+    ready: deque = field(default_factory=deque)
+    open: int = 0  # conversations of this dataset held in memory
+    in_flight: int = 0
+    admitted_session: int = 0
+    rows: Iterator | None = None
+    blocked: str | None = None  # why it cannot dispatch now ("tokens", "cost"), None if it can
+    dirty: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def weight(self) -> float:
+        return self.cfg.weight or 1.0
+
+    def bump(self, status: str, delta: int = 1) -> None:
+        self.tasks[status] = self.tasks.get(status, 0) + delta
+
+    def conv_bump(self, status: str, delta: int = 1) -> None:
+        self.convs_by_status[status] = self.convs_by_status.get(status, 0) + delta
+
+    def can_admit(self) -> bool:
+        """Whether reading more rows could give this dataset new work."""
+        return self.state == "active" and not self.exhausted and self.blocked is None
+
+    def limit_hit(self) -> bool:
+        lim = self.cfg.limit
+        return lim is not None and self.conversations + self.rows_other_shard >= lim
+
+    def row(self) -> tuple:
+        return (self.name, self.position, str(self.cfg.path), self.cfg.format, self.rows_read,
+                self.rows_invalid, self.rows_duplicate, self.rows_other_shard,
+                int(self.exhausted), self.state, self.config_hash)
+
+
+@dataclass(slots=True, eq=False)
+class Conv:
+    """A conversation held in memory until it is finished (done, ended or failed)."""
+
+    id: int
+    ds: DsRun
+    conv: Conversation
+    row_index: int
+    status: str  # pending (no answer yet) | active (some answers)
+    answers: dict[int, AssistantMessage] = field(default_factory=dict)
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One task: a request of one conversation, tried until done, failed or quarantined."""
+
+    task_id: int
+    conv: Conv
+    turn: int
+    messages: list[Message]
+    tools: list[Tool] | None
+    body: dict[str, Any]
+    prompt_ids: array
+    attempts: int = 0  # attempts so far, over every session
+    quarantines: int = 0
+    not_before: float = 0.0
+    epoch: int = 0
+    reservation: Reservation | None = None
+    last_error: str | None = None
+
+    @property
+    def ds(self) -> DsRun:
+        return self.conv.ds

@@ -1,0 +1,112 @@
+"""In-memory counters of a running engine: per provider, per error class, and rates.
+
+These feed the live view and the plain log lines; the store stays the source of truth (and
+`specgen status` reads only the store).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+
+class LatencyHistogram:
+    """Log-bucketed latencies (5% wide buckets): constant memory, percentiles within ~5%."""
+
+    __slots__ = ("counts", "n")
+    _BASE = math.log(1.05)
+    _MIN = 1e-3
+
+    def __init__(self) -> None:
+        self.counts: Counter[int] = Counter()
+        self.n = 0
+
+    def add(self, seconds: float) -> None:
+        self.counts[int(math.log(max(seconds, self._MIN) / self._MIN) / self._BASE)] += 1
+        self.n += 1
+
+    def percentile(self, p: float) -> float | None:
+        if not self.n:
+            return None
+        rank = p / 100 * self.n
+        seen = 0
+        for bucket in sorted(self.counts):
+            seen += self.counts[bucket]
+            if seen >= rank:
+                return self._MIN * math.exp((bucket + 0.5) * self._BASE)
+        return None
+
+
+@dataclass(slots=True)
+class ProviderStats:
+    requests: int = 0  # attempts that got an answer or an error from this provider
+    ok: int = 0
+    rejected: int = 0
+    quarantined: int = 0
+    errors: Counter = field(default_factory=Counter)
+    repairs: Counter = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def to_json(self) -> dict:
+        pct = {f"p{p}": self.latency.percentile(p) for p in (50, 90, 99)}
+        return {
+            "requests": self.requests, "ok": self.ok, "rejected": self.rejected,
+            "quarantined": self.quarantined, "errors": dict(self.errors),
+            "repairs": dict(self.repairs),
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "cost_usd": round(self.cost_usd, 6),
+            "latency_s": {k: (round(v, 3) if v is not None else None) for k, v in pct.items()},
+        }
+
+
+class RateMeter:
+    """Rates over a sliding window from cumulative counters sampled now and then."""
+
+    def __init__(self, window: float = 30.0, clock=time.monotonic):
+        self.window = window
+        self.clock = clock
+        self.samples: deque[tuple[float, float, float]] = deque()
+
+    def sample(self, requests: float, tokens: float) -> None:
+        now = self.clock()
+        self.samples.append((now, requests, tokens))
+        while len(self.samples) > 2 and now - self.samples[0][0] > self.window:
+            self.samples.popleft()
+
+    def rates(self) -> tuple[float, float]:
+        """(requests/s, tokens/s) over the window."""
+        if len(self.samples) < 2:
+            return 0.0, 0.0
+        (t0, r0, k0), (t1, r1, k1) = self.samples[0], self.samples[-1]
+        dt = t1 - t0
+        return ((r1 - r0) / dt, (k1 - k0) / dt) if dt > 0 else (0.0, 0.0)
+
+
+class RunStats:
+    """Counters of this session (the live view adds the store's earlier totals)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.providers: dict[str, ProviderStats] = {}
+        self.errors: Counter[str] = Counter()  # error class -> count, this session
+        self.rejections: Counter[str] = Counter()
+        self.quarantines: Counter[str] = Counter()
+        self.answers = 0  # answers kept this session
+        self.completion_tokens = 0  # completion tokens of every billed attempt, this session
+        self.attempts = 0
+        self.rate = RateMeter()
+
+    def provider(self, name: str | None) -> ProviderStats:
+        key = name or "(unknown)"
+        stats = self.providers.get(key)
+        if stats is None:
+            stats = self.providers[key] = ProviderStats()
+        return stats
+
+    def tick(self) -> None:
+        self.rate.sample(self.answers, self.completion_tokens)

@@ -1,0 +1,119 @@
+"""`specgen status`: a run's figures from its store, read-only, at any time.
+
+`state` is "running" only when the last session's process is alive and heartbeating; a session
+that died without recording its end (kill -9, power loss) reads as "stopped" with a reason
+saying so. Figures only the running process knows (concurrency, rates) come from
+`run_dir/live.json`, written at each heartbeat.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..store import Store
+from .control import heartbeat_timeout, session_alive
+from .scheduler import LIVE_FILE
+
+
+def _live(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads((run_dir / LIVE_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_status(run_dir: str | Path) -> dict[str, Any]:
+    """The status JSON of a run dir (see docs/engine.md, "Status")."""
+    run_dir = Path(run_dir)
+    with Store.open(run_dir) as store:
+        meta = store.meta()
+        sessions = store.sessions()
+        table = store.datasets_table()
+        tasks = store.task_counts()
+        convs = store.conversation_counts()
+        spend = store.spend()
+        kept = store.result_totals()
+        quarantine = store.quarantine_counts()
+        providers = store.provider_totals()
+    hb_interval = float(meta.get("heartbeat_interval", "2.0"))
+    now = time.time()
+    last = sessions[-1] if sessions else None
+    pid = last["pid"] if last else None
+    if last is None:
+        state, reason = "stopped", "never started"
+    elif last["state"] == "running":
+        if session_alive(last, heartbeat_interval=hb_interval, now=now):
+            state, reason = "running", None
+        else:
+            age = now - (last["heartbeat_at"] or last["started_at"] or now)
+            state = "stopped"
+            reason = (f"process {last['pid']} on {last['host']} ended without a clean stop "
+                      f"(last heartbeat {age:.0f}s ago); rerun to resume")
+    else:
+        state, reason = last["state"], last["stop_reason"]
+
+    cfg = orjson.loads(meta.get("config_json", "{}"))
+    cfg_ds = {d["name"]: d for d in cfg.get("datasets") or []}
+    names = list(table) + [n for n in cfg_ds if n not in table]
+    datasets: dict[str, Any] = {}
+    for name in names:
+        t = tasks.get(name, {})
+        s = spend.get(name, {})
+        k = kept.get(name, {})
+        row = table.get(name, {})
+        c = convs.get(name, {})
+        done, failed = t.get("done", 0), t.get("failed", 0)
+        pending, quar = t.get("pending", 0), t.get("quarantined", 0)
+        datasets[name] = {
+            "total": done + failed + pending + quar, "done": done, "failed": failed,
+            "pending": pending, "quarantined": quar,
+            "prompt_tokens": int(s.get("prompt_tokens", 0)),
+            "completion_tokens": int(s.get("completion_tokens", 0)),
+            "cost_usd": round(float(s.get("cost_usd", 0.0)), 6),
+            "samples": int(k.get("samples", 0)),
+            "samples_completion_tokens": int(k.get("completion_tokens", 0)),
+            "attempts": int(s.get("attempts", 0)),
+            "state": row.get("state", "active"),
+            "rows_read": row.get("rows_read", 0), "rows_invalid": row.get("rows_invalid", 0),
+            "rows_duplicate": row.get("rows_duplicate", 0),
+            "rows_other_shard": row.get("rows_other_shard", 0),
+            "exhausted": bool(row.get("exhausted", 0)),
+            "conversations": c,
+            "quarantine_reasons": quarantine.get(name, {}),
+            "token_budget": (cfg_ds.get(name) or {}).get("token_budget"),
+            "limit": (cfg_ds.get(name) or {}).get("limit"),
+        }
+    out: dict[str, Any] = {
+        "state": state,
+        "pid": pid,
+        "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in spend.values()), 6),
+        "stop_reason": reason,
+        "datasets": datasets,
+        "run_dir": str(run_dir),
+        "model": meta.get("model"),
+        "shard": meta.get("shard") or None,
+        "max_cost_usd": (cfg.get("budget") or {}).get("max_cost_usd"),
+        "prices": orjson.loads(meta["prices"]) if meta.get("prices") else None,
+        "session": None,
+        "sessions": len(sessions),
+        "providers": providers,
+        "quarantined": sum(d["quarantined"] for d in datasets.values()),
+    }
+    if last is not None:
+        out["session"] = {
+            "id": last["id"], "host": last["host"], "started_at": last["started_at"],
+            "heartbeat_age_s": round(now - (last["heartbeat_at"] or now), 1),
+            "ended_at": last["ended_at"],
+        }
+    live = _live(run_dir)
+    if state == "running" and live and live.get("session") == (last or {}).get("id") \
+            and now - float(live.get("ts", 0)) <= heartbeat_timeout(hb_interval):
+        out["live"] = live
+        out["concurrency"] = live.get("concurrency_limit")
+        out["in_flight"] = live.get("in_flight")
+    return out
