@@ -70,7 +70,10 @@ def merge_runs(inputs: Sequence[str | Path], out: str | Path) -> MergeSummary:
     stores: list[Store] = []
     try:
         for p in ins:
-            s = Store.open(p, readonly=True)
+            try:
+                s = Store.open(p, readonly=True)
+            except StoreError as exc:
+                raise MergeError(str(exc)) from None
             s.conn.execute("BEGIN")  # one consistent snapshot per input
             stores.append(s)
         metas = [s.meta() for s in stores]
@@ -92,16 +95,16 @@ def merge_runs(inputs: Sequence[str | Path], out: str | Path) -> MergeSummary:
 
 
 def _check_compatible(ins: list[Path], metas: list[dict[str, str]]) -> None:
-    for key, what in (("config_hash", "config hash"),
-                      ("tokenizer_fingerprint", "tokenizer fingerprint"),
-                      ("renderer", "renderer")):
+    for key, what in (("config_hash", "config hashes"),
+                      ("tokenizer_fingerprint", "tokenizer fingerprints"),
+                      ("renderer", "renderers")):
         values = [m.get(key) for m in metas]
         if key == "config_hash" and any(v is None for v in values):
             missing = [str(p) for p, v in zip(ins, values, strict=True) if v is None]
             raise MergeError(f"no config hash in {', '.join(missing)}: not a started specgen run")
         if len(set(values)) > 1:
             listing = "; ".join(f"{p}: {v}" for p, v in zip(ins, values, strict=True))
-            raise MergeError(f"the runs have different {what}s ({listing}); merge combines "
+            raise MergeError(f"the runs have different {what} ({listing}); merge combines "
                              "shards of one config (rerun with the same config)")
 
 
@@ -349,4 +352,4 @@ def _events(stores, tc, session_maps, summary) -> None:
         _insert(tc, "events", cols, rows)
 
 
-__all__ = ["MergeError", "MergeSummary", "StoreError", "merge_runs"]
+__all__ = ["MergeError", "MergeSummary", "merge_runs"]
