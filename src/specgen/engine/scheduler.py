@@ -185,7 +185,8 @@ class Engine:
             self._set_state(ds, "limit_reached", f"limit of {ds.cfg.limit} conversations reached")
             return 0
         if ds.rows is None:
-            ds.rows = iter(self.stages.iter_rows(ds.cfg, start=ds.rows_read))
+            ds.rows = iter(self.stages.iter_rows(ds.cfg, start=ds.rows_read,
+                                                 renderer=self.cfg.target.renderer))
         admitted = 0
         writer = self.writer
         for _ in range(READ_CHUNK):
@@ -569,15 +570,20 @@ class Engine:
             return
         try:
             norm = self.stages.normalize(resp, tools=job.tools, renderer=self.renderer,
-                                         on_length=ds.cfg.on_length)
+                                         on_length=ds.cfg.on_length, messages=job.messages)
             message = norm.message
-            completion = self.renderer.completion_ids(message, context=job.messages,
-                                                      tools=job.tools)
+            if getattr(norm, "truncated", False) and self.stages.truncated_ids is not None:
+                # kept at max_tokens (on_length = "keep"): no stop token was sampled
+                completion = self.stages.truncated_ids(self.renderer, norm)
+            else:
+                completion = self.renderer.completion_ids(message, context=job.messages,
+                                                          tools=job.tools)
         except self.stages.quarantined as q:
-            self._quarantine(job, resp, getattr(q, "reason", str(q)), common, pstats)
+            self._quarantine(job, resp, getattr(q, "reason", None) or str(q), common, pstats,
+                             detail=getattr(q, "detail", "") or str(q))
             return
         except RenderError as exc:
-            self._quarantine(job, resp, f"render_error: {exc}", common, pstats)
+            self._quarantine(job, resp, "render_error", common, pstats, detail=str(exc))
             return
         pstats.ok += 1
         if latency is not None:
@@ -612,11 +618,11 @@ class Engine:
             c.ds.ready.rotate(1)
 
     def _quarantine(self, job: Job, resp: ChatResponse, reason: str, common: dict,
-                    pstats) -> None:
+                    pstats, detail: str = "") -> None:
         ds = job.ds
         pstats.quarantined += 1
         self.stats.quarantines[reason.split(":", 1)[0]] += 1
-        self._attempt_row(job, f"quarantined:{reason}", **common)
+        self._attempt_row(job, f"quarantined:{reason}", error=detail[:2000] or None, **common)
         self.writer.batch.quarantine.append((
             job.task_id, ds.name, resp.provider, reason, pack_json(_response_json(resp)),
             time.time()))

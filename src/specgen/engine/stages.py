@@ -16,6 +16,8 @@ class Stages:
     normalize: Callable[..., Any]  # specgen.normalize.normalize(resp, tools=, renderer=, on_length=)
     quarantined: type[BaseException]  # specgen.normalize.Quarantined
     end: type  # specgen.planner.End
+    # specgen.normalize.sampled_completion_ids(renderer, norm): ids of a truncated answer
+    truncated_ids: Callable[..., Any] | None = None
 
 
 def default_stages() -> Stages:
@@ -29,4 +31,5 @@ def default_stages() -> Stages:
         normalize=normalize.normalize,
         quarantined=normalize.Quarantined,
         end=planner.End,
+        truncated_ids=normalize.sampled_completion_ids,
     )
