@@ -155,3 +155,24 @@ def test_streaming_writes_each_sample_before_reading_the_next_line(demo_tokenize
 
     summary = tokenize_lines(r, lines(), written.append)
     assert summary.samples == 50 and len(written) == 50
+
+
+def test_hf_renderer_with_a_chat_template_file(tmp_path, demo_tokenizer, capsys):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ '<|im_assistant|>' if m.role == 'assistant' else "
+                        "'<|im_user|>' }}{{ m.content }}<|im_end|>{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_assistant|>{% endif %}")
+    src = write_jsonl(tmp_path / "in.jsonl", [TWO_TURNS])
+    out = tmp_path / "out.jsonl"
+    assert main(["tokenize", "--tokenizer", "demo", "--renderer", "hf", "--chat-template", str(template),
+                 str(src), "-o", str(out)]) == 0
+    (row,) = read_jsonl(out)
+    assert demo_tokenizer.decode(row["input_ids"]) == (
+        "<|im_user|>a<|im_end|><|im_assistant|>b<|im_end|><|im_user|>c<|im_end|><|im_assistant|>d<|im_end|>")
+    assert row["loss_mask"].count(1) == 2  # "d", "<|im_end|>"
+    assert main(["tokenize", "--tokenizer", "demo", "--chat-template", str(template), str(src),
+                 "-o", str(out)]) == 2
+    assert "'kimi-k2.5' does not take template" in capsys.readouterr().err
+    assert main(["tokenize", "--tokenizer", "demo", "--renderer", "hf", "--chat-template",
+                 str(tmp_path / "no.jinja"), str(src), "-o", str(out)]) == 2
+    assert "no.jinja" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """`specgen tokenize`: offline, exact tokenization of a conversation file into training samples.
 
     specgen tokenize --renderer kimi-k2.5 --tokenizer DIR IN.jsonl -o OUT.jsonl
-                     [--all-turns] [--skip-invalid] [--no-thinking]
+                     [--all-turns] [--skip-invalid] [--no-thinking] [--chat-template FILE]
 
 Each input line is `{"messages": [...], "tools": [...]?, "id": ...?}` (OpenAI chat format);
 each output line is `{"id"?, "input_ids": [...], "loss_mask": [...]}`. The file is streamed:
@@ -42,6 +42,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--skip-invalid", action="store_true",
                    help="report bad lines on stderr and go on (default: stop at the first)")
     p.add_argument("--no-thinking", action="store_true", help="render with thinking off")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="with --renderer hf: a jinja chat template to use instead of the tokenizer's")
     p.set_defaults(func=run)
 
 
@@ -62,9 +64,18 @@ def run(args: argparse.Namespace) -> int:
     from ..render import RenderError, get_renderer
     from ..tokenizer import TokenizerError, load_tokenizer
 
+    options = {}
+    if args.chat_template:
+        try:
+            with open(args.chat_template, encoding="utf-8") as f:
+                options["template"] = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"specgen tokenize: {args.chat_template}: {getattr(exc, 'strerror', None) or exc}",
+                  file=sys.stderr)
+            return 2
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        renderer = get_renderer(args.renderer, tokenizer, thinking=not args.no_thinking)
+        renderer = get_renderer(args.renderer, tokenizer, thinking=not args.no_thinking, **options)
     except (TokenizerError, RenderError) as exc:
         print(f"specgen tokenize: {exc}", file=sys.stderr)
         return 2

@@ -18,8 +18,12 @@ RENDERERS: dict[str, str] = {
 }
 
 
-def get_renderer(name: str, tokenizer, *, thinking: bool = True) -> Renderer:
-    """Build the renderer called `name` over `tokenizer`."""
+def get_renderer(name: str, tokenizer, *, thinking: bool = True, **options) -> Renderer:
+    """Build the renderer called `name` over `tokenizer`.
+
+    `options` go to the renderer class (e.g. `template=` for "hf": a chat template to use
+    instead of the tokenizer's own); an option the renderer does not take is a RenderError.
+    """
     import importlib
 
     try:
@@ -28,5 +32,11 @@ def get_renderer(name: str, tokenizer, *, thinking: bool = True) -> Renderer:
         raise RenderError(
             f"unknown renderer {name!r}; choose one of: {', '.join(sorted(RENDERERS))}"
         ) from None
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module, __name__), cls)(tokenizer, thinking=thinking)
+    module, cls_name = target.split(":")
+    cls = getattr(importlib.import_module(module, __name__), cls_name)
+    try:
+        return cls(tokenizer, thinking=thinking, **options)
+    except TypeError as exc:
+        if not options:
+            raise
+        raise RenderError(f"renderer {name!r} does not take {', '.join(options)} ({exc})") from None

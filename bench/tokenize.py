@@ -1,0 +1,199 @@
+"""Benchmark `specgen tokenize` end to end against the raw tokenizer (the ceiling).
+
+    .venv/bin/python bench/tokenize.py [--tokenizer DIR|demo] [--renderer kimi-k2.5]
+                                       [--conversations 400] [--runs 5]
+
+A generated corpus of realistic conversations (lengths log-uniform up to ~32k tokens; tools,
+tool loops, reasoning, prose, code, JSON, CJK, emoji) is written as JSONL. Each run is a real
+`python -m specgen tokenize IN -o OUT` process (file in, file out); its wall time, and its peak
+RSS from wait4(), are measured. The ceiling is the same tokenizer encoding each sample's full
+rendered text in one `encode` call, with nothing else (texts rendered beforehand). Prints
+medians of --runs runs for two corpus sizes (N and 3N conversations) to show memory is flat.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This file is named like the stdlib `tokenize` module: keep its folder off the import path.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from specgen.render import get_renderer  # noqa: E402
+from specgen.sim.words import EMOJI, HAN, PUNCT, WORDS  # noqa: E402
+from specgen.tokenizer import load_tokenizer  # noqa: E402
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.\n\nUse metric units.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name", "maxLength": 80},
+            "unit": {"type": "string", "enum": ["c", "f"], "default": "c"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 16, "default": 1}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string"},
+            "filters": {"type": "array", "items": {"type": "object", "properties": {
+                "field": {"type": "string"}, "value": {"anyOf": [{"type": "string"}, {"type": "number"}]}},
+                "required": ["field", "value"]}}},
+            "required": ["query"]}}},
+    {"type": "function", "function": {
+        "name": "run_code", "description": "Run Python code in a sandbox.",
+        "parameters": {"type": "object", "properties": {
+            "code": {"type": "string"}, "timeout": {"type": "number", "default": 10.0}},
+            "required": ["code"]}}},
+]
+
+
+def prose(rng: random.Random, n_chars: int) -> str:
+    out, size = [], 0
+    while size < n_chars:
+        kind = rng.random()
+        if kind < 0.75:
+            words = [rng.choice(WORDS) for _ in range(rng.randint(6, 30))]
+            s = " ".join(words).capitalize() + rng.choice(PUNCT) + rng.choice([" ", " ", "\n", "\n\n"])
+        elif kind < 0.85:
+            name = "_".join(rng.sample(WORDS, 2)).replace("'", "")
+            s = (f"```python\ndef {name}(x, y={rng.randint(0, 9)}):\n    return x * {rng.randint(2, 99)} + y\n"
+                 "```\n")
+        elif kind < 0.93:
+            s = json.dumps({rng.choice(WORDS): rng.randint(0, 10**6) for _ in range(rng.randint(2, 6))}) + "\n"
+        else:
+            s = "".join(rng.choice(HAN) for _ in range(rng.randint(5, 40))) + rng.choice(EMOJI) + "\n"
+        out.append(s)
+        size += len(s)
+    return "".join(out)
+
+
+def conversation(rng: random.Random, k: int) -> dict:
+    target = int(math.exp(rng.uniform(math.log(64), math.log(32768))))  # tokens, roughly
+    chars = target * 4
+    msgs = []
+    if rng.random() < 0.5:
+        msgs.append({"role": "system", "content": prose(rng, 200)})
+    msgs.append({"role": "user", "content": prose(rng, max(40, chars // 4))})
+    tools = TOOLS if rng.random() < 0.5 else None
+    n = 0
+    if tools:
+        for _ in range(rng.randint(1, 3)):
+            calls = []
+            for _ in range(rng.randint(1, 2)):
+                name = rng.choice(["get_weather", "search", "run_code"])
+                calls.append({"id": f"functions.{name}:{n}", "type": "function", "function": {
+                    "name": name, "arguments": json.dumps({"city": rng.choice(WORDS), "days": rng.randint(1, 9)})}})
+                n += 1
+            msgs.append({"role": "assistant", "content": "", "reasoning_content": prose(rng, chars // 16),
+                         "tool_calls": calls})
+            for c in calls:
+                msgs.append({"role": "tool", "tool_call_id": c["id"], "content": prose(rng, chars // 12)})
+    final = {"role": "assistant", "content": prose(rng, chars // 3)}
+    if rng.random() < 0.7:
+        final["reasoning_content"] = prose(rng, chars // 4)
+    msgs.append(final)
+    row = {"id": f"conv-{k}", "messages": msgs}
+    if tools:
+        row["tools"] = tools
+    return row
+
+
+def write_corpus(path: Path, n: int, seed: int = 7) -> None:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for k in range(n):
+            f.write(json.dumps(conversation(rng, k), ensure_ascii=False) + "\n")
+
+
+def run_cli(args: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one `specgen tokenize` process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "specgen", "tokenize", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"specgen tokenize failed: {err}")
+    return wall, usage.ru_maxrss * 1024
+
+
+def raw_seconds(tok, texts: list[str]) -> float:
+    start = time.perf_counter()
+    for t in texts:
+        tok.encode(t)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokenizer", default=str(ROOT.parent / "shared" / "models" / "kimi-k2.5"))
+    ap.add_argument("--renderer", default="kimi-k2.5")
+    ap.add_argument("--conversations", type=int, default=400)
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    tok = load_tokenizer(args.tokenizer)
+    renderer = get_renderer(args.renderer, tok)
+    print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
+          f"{platform.python_implementation()} {platform.python_version()}, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"tokenizer {tok.name} ({tok.vocab_size} ids), renderer {args.renderer}, runs {args.runs}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpd = Path(tmp)
+        empty = tmpd / "empty.jsonl"
+        empty.write_text("")
+        startup = statistics.median(
+            run_cli(["--tokenizer", args.tokenizer, "--renderer", args.renderer, str(empty),
+                     "-o", str(tmpd / "o.jsonl")])[0] for _ in range(args.runs))
+        print(f"startup (python + imports + tokenizer load, empty input): {startup:.2f}s")
+        for n in (args.conversations, 3 * args.conversations):
+            corpus = tmpd / f"corpus{n}.jsonl"
+            write_corpus(corpus, n)
+            rows = [json.loads(line) for line in corpus.read_text().splitlines()]
+            texts = []
+            for r in rows:
+                m = r["messages"]
+                texts.append(renderer.render_text(m[:-1], r.get("tools"), add_generation_prompt=True)
+                             + renderer.completion_text(m[-1]))
+            n_tokens = sum(len(tok.encode(t)) for t in texts)
+            lengths = sorted(len(tok.encode(t)) for t in texts[:200])
+            del rows
+            raws, walls, rss = [], [], []
+            for _ in range(args.runs):
+                raws.append(raw_seconds(tok, texts))
+                wall, peak = run_cli(["--tokenizer", args.tokenizer, "--renderer", args.renderer,
+                                      str(corpus), "-o", str(tmpd / "out.jsonl")])
+                walls.append(wall)
+                rss.append(peak)
+            raw, wall = statistics.median(raws), statistics.median(walls)
+            raw_tps = n_tokens / raw
+            e2e_tps = n_tokens / wall
+            steady_tps = n_tokens / max(wall - startup, 1e-9)
+            print(f"\ncorpus: {n} conversations, {n_tokens} tokens, {corpus.stat().st_size / 1e6:.1f} MB "
+                  f"(sample lengths: median {lengths[len(lengths) // 2]}, max {lengths[-1]})")
+            print(f"  raw encode (ceiling):   {raw:7.2f}s  {raw_tps:10.0f} tok/s  {n / raw:8.1f} samples/s")
+            print(f"  specgen tokenize e2e:   {wall:7.2f}s  {e2e_tps:10.0f} tok/s  {n / wall:8.1f} samples/s"
+                  f"  = {100 * e2e_tps / raw_tps:.0f}% of raw")
+            print(f"  e2e minus startup:      {wall - startup:7.2f}s  {steady_tps:10.0f} tok/s"
+                  f"  = {100 * steady_tps / raw_tps:.0f}% of raw")
+            print(f"  peak RSS of the process: {statistics.median(rss) / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
