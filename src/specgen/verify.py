@@ -338,14 +338,40 @@ class SampleChecker:
 
     def _true_example(self, row: ResultRow, ours, theirs) -> dict[str, Any]:
         at = first_diff(ours, theirs)
-        lo = max(0, at - 3)
+        i, j = self._realign(ours, theirs, at)
         return {
             "task": row.task, "dataset": row.dataset, "conv_id": row.conv_id, "turn": row.turn,
             "position": at, "ours_len": len(ours), "theirs_len": len(theirs),
-            "ours": ours[lo: at + 6], "theirs": theirs[lo: at + 6],
-            "ours_text": self.tok.decode(ours[lo: at + 6]),
-            "theirs_text": self.tok.decode(theirs[lo: at + 6]),
+            "context": self.tok.decode(ours[max(0, at - 4): at]),
+            "ours": ours[at:i], "theirs": theirs[at:j],
+            "ours_pieces": [self._piece(t) for t in ours[at:i]],
+            "theirs_pieces": [self._piece(t) for t in theirs[at:j]],
         }
+
+    def _piece(self, token: int) -> str:
+        try:
+            return self.tok.token_bytes(token).decode("utf-8", errors="backslashreplace")
+        except Exception:  # noqa: BLE001 - an id outside the vocabulary
+            return f"<id {token}>"
+
+    def _realign(self, ours, theirs, at: int, limit: int = 64) -> tuple[int, int]:
+        """End indexes (exclusive) of the shortest spans from `at` that cover the same bytes,
+        i.e. the first token boundary the two segmentations share again."""
+        def ends(ids):
+            out, n = {}, 0
+            for k in range(at, min(len(ids), at + limit)):
+                try:
+                    n += len(self.tok.token_bytes(ids[k]))
+                except Exception:  # noqa: BLE001
+                    break
+                out[n] = k + 1
+            return out
+
+        a, b = ends(ours), ends(theirs)
+        common = sorted(set(a) & set(b))
+        if common:
+            return a[common[0]], b[common[0]]
+        return min(len(ours), at + 8), min(len(theirs), at + 8)
 
     def _diff(self, got, want) -> str:
         at = first_diff(got, want)
@@ -386,9 +412,10 @@ def format_report(r: VerifyReport) -> str:
                      f"({100 * (s.equal + s.equal_but_stop) / s.checked:.2f}% match{extra}); "
                      f"{s.mismatched} differ, {s.same_text} of them same text")
         for ex in s.examples:
-            lines.append(f"    {ex['dataset']}/{ex['conv_id']} turn {ex['turn']}: first "
-                         f"difference at {ex['position']}: ours {ex['ours_text']!r} "
-                         f"{ex['ours']} vs theirs {ex['theirs_text']!r} {ex['theirs']}")
+            lines.append(f"    {ex['dataset']}/{ex['conv_id']} turn {ex['turn']}: at token "
+                         f"{ex['position']} (after {ex['context']!r}): ours "
+                         f"{ex['ours_pieces']} {ex['ours']} vs theirs {ex['theirs_pieces']} "
+                         f"{ex['theirs']}")
     if not r.true_ids_ok:
         lines.append(f"  true-id mismatch rate above --max-true-mismatch {r.max_true_mismatch:g}")
     lines.append("OK" if r.ok else "FAILED")
