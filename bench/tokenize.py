@@ -5,8 +5,8 @@
 
 A generated corpus of realistic conversations (lengths log-uniform up to ~32k tokens; tools,
 tool loops, reasoning, prose, code, JSON, CJK, emoji) is written as JSONL. Each run is a real
-`python -m specgen tokenize IN -o OUT` process (file in, file out); its wall time, and its peak
-RSS from wait4(), are measured. The ceiling is the same tokenizer encoding each sample's full
+`specgen tokenize IN -o OUT` process (file in, file out; `specgen.cli.main`, the console
+script's entry point); its wall time and its own peak RSS (VmHWM) are measured. The ceiling is the same tokenizer encoding each sample's full
 rendered text in one `encode` call, with nothing else (texts rendered beforehand). Prints
 medians of --runs runs for two corpus sizes (N and 3N conversations) to show memory is flat.
 """
@@ -119,19 +119,30 @@ def write_corpus(path: Path, n: int, seed: int = 7) -> None:
             f.write(json.dumps(conversation(rng, k), ensure_ascii=False) + "\n")
 
 
+# Runs the real entry point (`specgen.cli.main`, what the console script calls), then reports
+# the process's own peak RSS. VmHWM belongs to the memory map made at exec; ru_maxrss from wait4
+# would also count the parent's pages the child shared before exec.
+CHILD = """
+import sys
+from specgen.cli import main
+code = main(sys.argv[1:])
+hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].split()[1]
+print(f'VmHWM_KB={hwm}', file=sys.stderr)
+sys.exit(code)
+"""
+
+
 def run_cli(args: list[str]) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one `specgen tokenize` process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "specgen", "tokenize", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([sys.executable, "-c", CHILD, "tokenize", *args],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
     wall = time.perf_counter() - start
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.decode()
     if proc.returncode != 0:
         raise SystemExit(f"specgen tokenize failed: {err}")
-    return wall, usage.ru_maxrss * 1024
+    hwm_kb = int(err.rsplit("VmHWM_KB=", 1)[1].split()[0])
+    return wall, hwm_kb * 1024
 
 
 def raw_seconds(tok, texts: list[str]) -> float:
