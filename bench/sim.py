@@ -1,0 +1,233 @@
+"""Benchmark of `specgen sim` (not a test). Results go in docs/benchmarks/sim.md.
+
+Two scenarios, each against a fresh `specgen sim` process, driven by a SEPARATE load-generator
+process (`wrk` when installed, else an aiohttp client in a child process), so the server's
+core is measured alone:
+
+1. throughput: zero latency, 200-token completions, non-streaming. Reports requests/s (wall)
+   and requests per CPU-second of the server process (its capacity on one core, even when the
+   load generator, sharing the machine, is the bottleneck).
+2. hold: 1 s latency to first token, 5,000 concurrent requests. Reports the peak of open
+   requests inside the server and its peak RSS.
+
+Run:  .venv/bin/python bench/sim.py [--runs 5] [--seconds 5] [--hold 5000] [--client aiohttp]
+Prints the median over the runs, with the machine noted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BODY = {
+    "model": "moonshotai/kimi-k2.5",
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Tell me about the weather in Paris today, please."},
+    ],
+    "max_tokens": 1024,
+}
+CONFIG = """
+seed = 0
+[length]
+distribution = "fixed"
+tokens = 200
+min = 200
+max = 200
+[[providers]]
+name = "Bench"
+tag = "bench"
+latency_s = {latency}
+"""
+
+
+def start_server(latency: float, workdir: Path) -> tuple[subprocess.Popen, str]:
+    cfg = workdir / f"sim-{latency}.toml"
+    cfg.write_text(CONFIG.format(latency=latency))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "sim", "--port", "0", "--config", str(cfg)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    line = proc.stdout.readline().strip()
+    if not line.startswith("specgen sim listening on "):
+        proc.kill()
+        raise SystemExit(f"sim did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
+    return proc, line.rsplit(" ", 1)[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def stats(root: str) -> dict:
+    with urllib.request.urlopen(root + "/sim/stats", timeout=30) as r:
+        return json.load(r)
+
+
+# -- load generators ------------------------------------------------------------------------
+def wrk_load(url: str, seconds: float, connections: int, workdir: Path) -> None:
+    script = workdir / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(json.dumps(BODY))}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
+                    "-s", str(script), url], check=True, capture_output=True)
+
+
+def _aiohttp_worker(url: str, seconds: float, concurrency: int, out) -> None:
+    import aiohttp
+
+    async def main() -> None:
+        body = json.dumps(BODY).encode()
+        done = errors = 0
+        deadline = time.monotonic() + seconds
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn) as s:
+            async def loop() -> None:
+                nonlocal done, errors
+                while time.monotonic() < deadline:
+                    async with s.post(url, data=body,
+                                      headers={"Content-Type": "application/json"}) as r:
+                        await r.read()
+                        done += r.status == 200
+                        errors += r.status != 200
+            await asyncio.gather(*(loop() for _ in range(concurrency)))
+        out.put((done, errors))
+
+    asyncio.run(main())
+
+
+def aiohttp_load(url: str, seconds: float, connections: int) -> None:
+    q: mp.Queue = mp.Queue()
+    p = mp.Process(target=_aiohttp_worker, args=(url, seconds, connections, q))
+    p.start()
+    q.get()
+    p.join()
+
+
+def _hold_worker(url: str, n: int, out) -> None:
+    import aiohttp
+
+    async def main() -> None:
+        body = json.dumps(BODY).encode()
+        conn = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+            async def one() -> int:
+                async with s.post(url, data=body,
+                                  headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                    return r.status
+            t0 = time.monotonic()
+            statuses = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+            out.put((time.monotonic() - t0, sum(1 for x in statuses if x == 200)))
+
+    asyncio.run(main())
+
+
+# -- scenarios ------------------------------------------------------------------------------
+def throughput(args, workdir: Path) -> list[tuple[float, float]]:
+    proc, root = start_server(0.0, workdir)
+    url = root + "/api/v1/chat/completions"
+    results = []
+    try:
+        use_wrk = args.client == "wrk" or (args.client == "auto" and shutil.which("wrk"))
+        for run in range(args.runs + 1):
+            before, cpu0, t0 = stats(root)["completed"], cpu_seconds(proc.pid), time.monotonic()
+            if use_wrk:
+                wrk_load(url, args.seconds, args.connections, workdir)
+            else:
+                aiohttp_load(url, args.seconds, args.connections)
+            after, cpu1, t1 = stats(root)["completed"], cpu_seconds(proc.pid), time.monotonic()
+            n = after - before
+            if run == 0:
+                continue  # warm-up
+            results.append((n / (t1 - t0), n / max(cpu1 - cpu0, 1e-9)))
+            print(f"  run {run}: {n} requests, {n / (t1 - t0):,.0f} req/s wall, "
+                  f"{n / max(cpu1 - cpu0, 1e-9):,.0f} req per server CPU-second", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return results
+
+
+def hold(args, workdir: Path) -> list[tuple[int, float, float, int]]:
+    proc, root = start_server(1.0, workdir)
+    url = root + "/api/v1/chat/completions"
+    results = []
+    try:
+        for run in range(args.runs):
+            q: mp.Queue = mp.Queue()
+            p = mp.Process(target=_hold_worker, args=(url, args.hold, q))
+            p.start()
+            peak_open, peak_rss = 0, 0.0
+            while p.is_alive() and q.empty():
+                peak_open = max(peak_open, stats(root)["in_flight"])
+                peak_rss = max(peak_rss, rss_mb(proc.pid))
+                time.sleep(0.05)
+            wall, ok = q.get()
+            p.join()
+            results.append((peak_open, peak_rss, wall, ok))
+            print(f"  run {run + 1}: peak open {peak_open}, peak RSS {peak_rss:.0f} MB, "
+                  f"{ok}/{args.hold} ok in {wall:.2f} s", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--connections", type=int, default=64)
+    ap.add_argument("--hold", type=int, default=5000)
+    ap.add_argument("--client", choices=("auto", "wrk", "aiohttp"), default="auto")
+    ap.add_argument("--only", choices=("throughput", "hold"))
+    args = ap.parse_args()
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, python "
+          f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        if args.only in (None, "throughput"):
+            client = "wrk" if args.client != "aiohttp" and shutil.which("wrk") else "aiohttp"
+            print(f"throughput: zero latency, 200-token completions, non-streaming, "
+                  f"{args.connections} connections, client {client}")
+            res = throughput(args, workdir)
+            print(f"  median: {statistics.median(r[0] for r in res):,.0f} req/s wall, "
+                  f"{statistics.median(r[1] for r in res):,.0f} req per server CPU-second")
+        if args.only in (None, "hold"):
+            print(f"hold: 1 s latency, {args.hold} concurrent requests")
+            res = hold(args, workdir)
+            print(f"  median: peak open {statistics.median(r[0] for r in res):.0f}, peak RSS "
+                  f"{statistics.median(r[1] for r in res):.0f} MB, wave "
+                  f"{statistics.median(r[2] for r in res):.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""The simulator's configuration: one TOML file (every knob has a default), see docs/sim.md.
+
+`load_sim_config(path)` reads a file, `SimConfig.from_dict(raw)` a parsed table, and
+`SimConfig()` is the built-in default (three clean providers, no quirks, no faults, no latency).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..config import QUANTIZATIONS, ConfigError, _build
+
+# Parameters a provider may support (OpenRouter's `supported_parameters` vocabulary).
+DEFAULT_SUPPORTED_PARAMETERS = [
+    "tools", "tool_choice", "parallel_tool_calls", "max_tokens", "temperature", "top_p",
+    "top_k", "min_p", "seed", "stop", "reasoning", "include_reasoning", "frequency_penalty",
+    "presence_penalty", "repetition_penalty", "response_format", "structured_outputs",
+    "logprobs", "top_logprobs", "logit_bias",
+]
+
+
+@dataclass
+class LengthConfig:
+    """Distribution of the completion length in tokens (before `max_tokens` truncation)."""
+
+    distribution: Literal["fixed", "uniform", "lognormal"] = "lognormal"
+    tokens: int = 300  # fixed: the length; lognormal: the median; uniform: ignored
+    sigma: float = 0.7  # lognormal shape
+    min: int = 8
+    max: int = 8192
+    reasoning_share: float = 0.6  # share of the length spent in reasoning when thinking is on
+
+
+@dataclass
+class ToolCallConfig:
+    """How often and how the simulated model calls tools when the request declares some."""
+
+    rate: float = 0.5  # P(tool calls) for tool_choice "auto" (or absent)
+    max_parallel: int = 2  # calls per answer at most (1 when parallel_tool_calls is false)
+    content_rate: float = 0.3  # P(a short content sentence before the calls)
+    compact_arguments_rate: float = 0.2  # share of answers whose arguments are compact JSON
+    optional_rate: float = 0.5  # P(an optional schema property is filled in)
+
+
+@dataclass
+class FaultRates:
+    """Per-request probabilities of each fault (their sum must be <= 1)."""
+
+    rate_limit: float = 0.0  # 429 with Retry-After
+    timeout: float = 0.0  # 408
+    server_error: float = 0.0  # 500
+    bad_gateway: float = 0.0  # 502
+    unavailable: float = 0.0  # 503
+    moderation: float = 0.0  # 403 with metadata.reasons / flagged_input
+    error_in_body: float = 0.0  # HTTP 200 whose body is an error
+    mid_stream_error: float = 0.0  # an error chunk part-way through a stream
+    connection_reset: float = 0.0  # TCP reset part-way through the body
+    slow_first_byte: float = 0.0  # nothing sent for `slow_first_byte_s`
+    malformed_json: float = 0.0  # a body (or one SSE event) that is not valid JSON
+
+    def items(self):
+        """(name, rate) pairs in declaration order (a dataclass's __dict__ keeps it)."""
+        return vars(self).items()
+
+
+@dataclass
+class QuirkRates:
+    """Per-request probabilities of each serving-stack quirk of one provider."""
+
+    tool_calls_in_content: float = 0.0  # no `tools` in the request: model calls one, raw text
+    tool_calls_as_text: float = 0.0  # `tools` given, but the call comes back as marker text
+    im_end_in_content: float = 0.0  # literal <|im_end|> left at the end of content
+    spaces_around_special: float = 0.0  # ' <think> ok </think> 1' style decoding
+    think_in_content: float = 0.0  # no reasoning parser: reasoning + </think> land in content
+    drop_end_think: float = 0.0  # </think> dropped: everything lands in reasoning
+    renumber_tool_call_ids: float = 0.0  # functions.{name}:{index within this answer}
+    openai_tool_call_ids: float = 0.0  # ids replaced with call_<random>
+    reserialize_arguments: float = 0.0  # arguments parsed and re-dumped in the other style
+    empty_content: float = 0.0  # content and tool calls dropped, finish_reason "stop"
+
+    def items(self):
+        """(name, rate) pairs in declaration order (a dataclass's __dict__ keeps it)."""
+        return vars(self).items()
+
+
+@dataclass
+class ProviderConfig:
+    """One simulated provider endpoint of the served model(s)."""
+
+    name: str
+    tag: str = ""  # slug for order/only/ignore; default: the name lower-cased, dashed
+    quantization: str = "unknown"
+    prompt_price_per_m: float = 0.6  # USD per million prompt tokens
+    completion_price_per_m: float = 2.5  # USD per million completion tokens
+    cache_read_price_per_m: float | None = None  # cached prompt tokens; default: prompt price
+    cache_hit_rate: float = 0.0  # P(part of the prompt is reported as cached)
+    latency_s: float = 0.0  # time to first token
+    latency_jitter: float = 0.0  # relative: latency is drawn in [1-j, 1+j] * latency_s
+    tokens_per_second: float = 0.0  # generation speed; 0 = instant
+    context_length: int = 262144
+    max_completion_tokens: int = 65536  # also the default max_tokens
+    supported_parameters: list[str] = field(
+        default_factory=lambda: list(DEFAULT_SUPPORTED_PARAMETERS)
+    )
+    collects_data: bool = False  # excluded by provider.data_collection = "deny"
+    zdr: bool = False  # kept by provider.zdr = true
+    distillable: bool = True  # kept by provider.enforce_distillable_text = true
+    reasoning_field: Literal["reasoning", "reasoning_content"] = "reasoning"
+    models: list[str] = field(default_factory=list)  # served models; empty = all
+    uptime: float = 99.5  # percent, shown in the endpoint list
+    faults: FaultRates = field(default_factory=FaultRates)
+    quirks: QuirkRates = field(default_factory=QuirkRates)
+
+    @property
+    def slug(self) -> str:
+        """The base slug (`deepinfra` for tag `deepinfra/fp4`)."""
+        return self.tag.split("/", 1)[0]
+
+    def prompt_price(self) -> float:
+        return self.prompt_price_per_m / 1e6
+
+    def completion_price(self) -> float:
+        return self.completion_price_per_m / 1e6
+
+    def cache_read_price(self) -> float:
+        per_m = self.cache_read_price_per_m
+        return (self.prompt_price_per_m if per_m is None else per_m) / 1e6
+
+
+def default_providers() -> list[ProviderConfig]:
+    return [
+        ProviderConfig(name="Moonshot AI", tag="moonshotai/int4", quantization="int4",
+                       prompt_price_per_m=0.6, completion_price_per_m=3.0,
+                       cache_read_price_per_m=0.15),
+        ProviderConfig(name="Together", tag="together/fp8", quantization="fp8",
+                       prompt_price_per_m=0.5, completion_price_per_m=2.8),
+        ProviderConfig(name="DeepInfra", tag="deepinfra/fp4", quantization="fp4",
+                       prompt_price_per_m=0.45, completion_price_per_m=2.25),
+    ]
+
+
+@dataclass
+class SimConfig:
+    """Every knob of the simulator (docs/sim.md documents each)."""
+
+    seed: int = 0
+    tokenizer: str = "demo"  # "demo", a model directory, or a hub id
+    renderer: str = "kimi-k2.5"
+    models: list[str] = field(default_factory=lambda: ["moonshotai/kimi-k2.5"])
+    model_version: str = "20260127"  # responses name the dated slug `{model}-{model_version}`
+    default_thinking: bool = True  # thinking mode when the request has no `reasoning`
+    text_mode: Literal["canonical", "raw"] = "canonical"
+    raw_rate: float = 0.1  # raw mode: share of completions whose ids are re-segmented
+    raw_max_splits: int = 3  # raw mode: tokens split per perturbed completion, at most
+    length: LengthConfig = field(default_factory=LengthConfig)
+    tool_calls: ToolCallConfig = field(default_factory=ToolCallConfig)
+    providers: list[ProviderConfig] = field(default_factory=default_providers)
+    faults: FaultRates = field(default_factory=FaultRates)  # router-level, before routing
+    retry_after_s: float = 1.0  # Retry-After of a 429
+    slow_first_byte_s: float = 30.0  # how long a slow_first_byte fault stays silent
+    error_metadata: Literal["both", "provider_raw", "error_type"] = "both"
+    credit_limit_usd: float | None = None  # 402 once this much has been spent; None = no limit
+    api_keys: list[str] = field(default_factory=list)  # accepted bearer keys; empty = any
+    keepalive_interval_s: float = 1.0  # `: OPENROUTER PROCESSING` while waiting; 0 = never
+    keepalive_initial: bool = True  # one keep-alive comment as the first bytes of a stream
+    stream_chunk_tokens: int = 1  # completion tokens per stream chunk
+    source: Path | None = None  # the file this came from
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "sim config") -> SimConfig:
+        """Validate a parsed TOML table; errors name the file and the key."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a table")
+        raw = dict(raw)
+        nested: dict[str, Any] = {}
+        for key, sub in (("length", LengthConfig), ("tool_calls", ToolCallConfig),
+                         ("faults", FaultRates)):
+            if key in raw:
+                nested[key] = _build(sub, raw.pop(key), key, where)
+        if "providers" in raw:
+            providers_raw = raw.pop("providers")
+            if not isinstance(providers_raw, list) or not providers_raw:
+                raise ConfigError(f"{where}: 'providers' must be a non-empty array of tables "
+                                  "([[providers]])")
+            nested["providers"] = [
+                _provider(p, f"providers[{i}]", where) for i, p in enumerate(providers_raw)
+            ]
+        if isinstance(raw.get("models"), str):
+            raw["models"] = [raw["models"]]
+        raw.pop("source", None)
+        cfg = _build(cls, raw, "sim", where)
+        for key, value in nested.items():
+            setattr(cfg, key, value)
+        cfg.validate(where)
+        return cfg
+
+    def validate(self, where: str = "sim config") -> None:
+        """Check ranges and cross-field rules; raises ConfigError."""
+        _rate(self.raw_rate, "raw_rate", where)
+        _rates(self.faults, "faults", where)
+        for name in ("reasoning_share",):
+            _rate(getattr(self.length, name), f"length.{name}", where)
+        for f in dataclasses.fields(ToolCallConfig):
+            if f.name != "max_parallel":
+                _rate(getattr(self.tool_calls, f.name), f"tool_calls.{f.name}", where)
+        if self.tool_calls.max_parallel < 1:
+            raise ConfigError(f"{where}: tool_calls.max_parallel must be >= 1")
+        if not 1 <= self.length.min <= self.length.max:
+            raise ConfigError(f"{where}: length needs 1 <= min <= max "
+                              f"(got min={self.length.min}, max={self.length.max})")
+        if self.length.tokens < 1 or self.length.sigma < 0:
+            raise ConfigError(f"{where}: length.tokens must be >= 1 and length.sigma >= 0")
+        if not self.models or not all(isinstance(m, str) and m for m in self.models):
+            raise ConfigError(f"{where}: 'models' must list at least one model slug")
+        if not self.providers:
+            raise ConfigError(f"{where}: at least one provider is needed")
+        if self.raw_max_splits < 1:
+            raise ConfigError(f"{where}: raw_max_splits must be >= 1")
+        if self.stream_chunk_tokens < 1:
+            raise ConfigError(f"{where}: stream_chunk_tokens must be >= 1")
+        for key in ("retry_after_s", "slow_first_byte_s", "keepalive_interval_s"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{where}: {key} must be >= 0")
+        if self.credit_limit_usd is not None and self.credit_limit_usd < 0:
+            raise ConfigError(f"{where}: credit_limit_usd must be >= 0")
+        tags: set[str] = set()
+        for i, p in enumerate(self.providers):
+            label = f"{where}: providers[{i}] ({p.name!r})"
+            if not p.tag:
+                p.tag = _slugify(p.name)
+            if p.tag.lower() in tags:
+                raise ConfigError(f"{label}: duplicate tag {p.tag!r}")
+            tags.add(p.tag.lower())
+            if p.quantization not in QUANTIZATIONS:
+                raise ConfigError(f"{label}: quantization {p.quantization!r} is not one of "
+                                  f"{', '.join(sorted(QUANTIZATIONS))}")
+            for key in ("prompt_price_per_m", "completion_price_per_m", "latency_s",
+                        "tokens_per_second", "latency_jitter"):
+                if getattr(p, key) < 0:
+                    raise ConfigError(f"{label}: {key} must be >= 0")
+            if p.cache_read_price_per_m is not None and p.cache_read_price_per_m < 0:
+                raise ConfigError(f"{label}: cache_read_price_per_m must be >= 0")
+            _rate(p.cache_hit_rate, f"providers[{i}].cache_hit_rate", where)
+            if p.latency_jitter > 1:
+                raise ConfigError(f"{label}: latency_jitter must be in [0, 1]")
+            if p.context_length < 1 or p.max_completion_tokens < 1:
+                raise ConfigError(f"{label}: context_length and max_completion_tokens must be >= 1")
+            _rates(p.faults, f"providers[{i}].faults", where)
+            for name, value in p.quirks.items():
+                _rate(value, f"providers[{i}].quirks.{name}", where)
+            unknown_models = set(p.models) - set(self.models)
+            if unknown_models:
+                raise ConfigError(f"{label}: models {sorted(unknown_models)} are not in the "
+                                  f"served 'models' list")
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["source"] = str(self.source) if self.source else None
+        return data
+
+    def dated(self, model: str) -> str:
+        return f"{model}-{self.model_version}" if self.model_version else model
+
+
+def load_sim_config(path: str | Path) -> SimConfig:
+    """Read and validate a simulator TOML file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: sim config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    cfg = SimConfig.from_dict(raw, str(path))
+    cfg.source = path
+    if cfg.tokenizer != "demo":
+        candidate = (path.parent / cfg.tokenizer).expanduser()
+        if not Path(cfg.tokenizer).is_absolute() and candidate.exists():
+            cfg.tokenizer = str(candidate)
+    return cfg
+
+
+def _provider(raw: Any, name: str, where: str) -> ProviderConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: [{name}] must be a table")
+    raw = dict(raw)
+    faults = _build(FaultRates, raw.pop("faults", {}), f"{name}.faults", where)
+    quirks = _build(QuirkRates, raw.pop("quirks", {}), f"{name}.quirks", where)
+    p = _build(ProviderConfig, raw, name, where)
+    p.faults, p.quirks = faults, quirks
+    return p
+
+
+def _rate(value: float, key: str, where: str) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{where}: {key} must be a probability in [0, 1], got {value}")
+
+
+def _rates(rates: FaultRates, key: str, where: str) -> None:
+    total = 0.0
+    for name, value in rates.items():
+        _rate(value, f"{key}.{name}", where)
+        total += value
+    if total > 1.0 + 1e-9:
+        raise ConfigError(f"{where}: the rates in [{key}] add up to {total:g}, more than 1")
+
+
+def _slugify(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "provider"

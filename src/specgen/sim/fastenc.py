@@ -1,0 +1,120 @@
+"""A faster stand-in for `Tokenizer.encode` with every special token allowed.
+
+tiktoken's own special-token scan costs ~60 us per call whatever the text length, which is
+most of a simulated request's budget. This finds special-token text with a cheap scan and
+encodes the plain text between them with `encode_ordinary`, which is what tiktoken does too.
+It is checked against the real `encode` when built and disables itself on any mismatch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from ..tokenizer import Tokenizer
+
+_CHECK_TEXTS = (
+    "",
+    "plain words, numbers 12345 and   spaces\n\n",
+    "<|im_user|>user<|im_middle|>Hello <think>x</think> y<|im_end|>",
+    "a<|im_end|>b<|im_end|><|im_end|> [EOS] <| not special |> <thinking>",
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+    '{"a": 1}<|tool_call_end|><|tool_calls_section_end|>',
+    "中文 text \U0001F600 and \u2728!",
+)
+
+
+class FastEncoder:
+    """`encode(text)` equal to `tokenizer.encode(text)`, faster on short texts."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._encode_ordinary = tokenizer.encode_ordinary
+        self._short: dict[str, list[int]] = {}  # role names and other short pieces
+        self._special = dict(tokenizer.special_tokens)
+        self._lengths = sorted({len(s) for s in self._special}, reverse=True)
+        # When every special token ends with its only ">" or "]" (Kimi's do), the candidate
+        # at a "<" or "[" is the text up to the next closing character: one lookup.
+        self._closing = {"<": ">", "[": "]"}
+        self._by_closing = all(
+            len(s) > 1 and s[0] in self._closing and s.find(self._closing[s[0]]) == len(s) - 1
+            for s in self._special
+        )
+        starts = sorted({s[0] for s in self._special if s})
+        self._starts = re.compile("[" + "".join(re.escape(c) for c in starts) + "]") if starts else None
+        # A special that is a prefix of another would make "longest match" ambiguous. In
+        # sorted order, a prefix is followed by a name that starts with it.
+        names = sorted(self._special)
+        prefix_free = not any(b.startswith(a) for a, b in zip(names, names[1:], strict=False))
+        self.active = prefix_free and all(
+            self._encode(t) == tokenizer.encode(t) for t in _CHECK_TEXTS
+        )
+
+    def _ordinary(self, text: str) -> list[int]:
+        if len(text) > 24:
+            return self._encode_ordinary(text)
+        ids = self._short.get(text)
+        if ids is None:
+            if len(self._short) > 4096:
+                self._short.clear()
+            ids = self._short[text] = self._encode_ordinary(text)
+        return list(ids)
+
+    def encode(self, text: str) -> list[int]:
+        if not self.active:
+            return self.tokenizer.encode(text)
+        return self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
+        if self._starts is None:
+            return self._ordinary(text)
+        out: list[int] = []
+        pos = 0
+        special = self._special
+        closing = self._closing if self._by_closing else None
+        for m in self._starts.finditer(text):
+            p = m.start()
+            if p < pos:
+                continue
+            if closing is not None:
+                q = text.find(closing[text[p]], p + 1)
+                tid = special.get(text[p:q + 1]) if q > 0 else None
+                if tid is not None:
+                    if p > pos:
+                        out += self._ordinary(text[pos:p])
+                    out.append(tid)
+                    pos = q + 1
+                continue
+            for n in self._lengths:
+                tid = special.get(text[p:p + n])
+                if tid is not None:
+                    if p > pos:
+                        out += self._ordinary(text[pos:p])
+                    out.append(tid)
+                    pos = p + n
+                    break
+        if pos < len(text):
+            out += self._ordinary(text[pos:] if pos else text)
+        return out
+
+
+class FastTokenizer:
+    """A tokenizer proxy whose `encode` is a `FastEncoder`; everything else is delegated.
+
+    Renderers built over it compute exactly the ids they would over the wrapped tokenizer.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tok = tokenizer
+        self._fast = FastEncoder(tokenizer)
+        self.encode = self._fast.encode
+
+    @property
+    def wrapped(self) -> Tokenizer:
+        return self._tok
+
+    def __getattr__(self, name: str):
+        return getattr(self._tok, name)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(ids)

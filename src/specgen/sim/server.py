@@ -1,0 +1,618 @@
+"""The simulator's HTTP server (aiohttp): OpenRouter's chat API over simulated providers.
+
+`Simulator` holds the state (config, tokenizer, renderers, the simulated model, counters) and
+builds the aiohttp application; `start` / `start_in_thread` (in `specgen.sim`) run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import socket
+import string
+import struct
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..render import get_renderer
+from ..render.base import RenderError
+from ..render.kimi import KimiRenderer
+from ..tokenizer import Tokenizer, load_tokenizer
+from .chat_request import ChatRequest, parse_chat_request
+from .config import ProviderConfig, SimConfig
+from .fastenc import FastTokenizer
+from .faults import FALLBACK_FAULTS, HTTP_FAULTS, draw, error_body, moderation_error, provider_error
+from .generate import GenRequest, Model
+from .routing import BadRequest, NoEndpoints, route
+from .serving import Served, Server
+from .stats import Stats
+
+log = logging.getLogger("specgen.sim")
+
+KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
+DONE = b"data: [DONE]\n\n"
+IDS_HEADER = "X-Specgen-Return-Token-Ids"
+_ALNUM = string.ascii_letters + string.digits
+_SEEN_LIMIT = 1_000_000  # distinct request bodies remembered for the occurrence counter
+GENERATION_LOG = 10_000  # completed generations kept for GET /generation
+
+
+class Simulator:
+    """State of one simulator and its aiohttp application."""
+
+    def __init__(self, cfg: SimConfig | None = None, *, seed: int | None = None,
+                 tokenizer: Tokenizer | str | None = None, renderer: str | None = None):
+        self.cfg = cfg = cfg or SimConfig()
+        self.seed = cfg.seed if seed is None else seed
+        tok = tokenizer if tokenizer is not None else cfg.tokenizer
+        base = load_tokenizer(tok) if isinstance(tok, str) else tok
+        self.tok = FastTokenizer(base)
+        name = renderer or cfg.renderer
+        self.renderers = {t: get_renderer(name, self.tok, thinking=t) for t in (True, False)}
+        if not isinstance(self.renderers[True], KimiRenderer):
+            raise RenderError(f"the simulator speaks the Kimi serving format; renderer {name!r} "
+                              "is not a Kimi renderer (kimi-k2.5, kimi-k2-thinking, "
+                              "kimi-k2-instruct)")
+        self.model = Model(cfg, self.tok, self.renderers, seed=self.seed)
+        self.serving = Server(self.tok)
+        self.stats = Stats()
+        self.spent = 0.0
+        self._seen: dict[bytes, int] = {}
+        self._seed_key = hashlib.blake2b(str(self.seed).encode(), digest_size=16).digest()
+        self.generations: OrderedDict[str, tuple] = OrderedDict()
+        self.started_at = time.time()
+
+    # -- app ------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        r = app.router
+        for prefix in ("/api/v1", "/v1"):
+            r.add_post(prefix + "/chat/completions", self.chat)
+            r.add_get(prefix + "/models", self.models)
+            r.add_get(prefix + "/models/{author}/{slug}/endpoints", self.endpoints)
+            r.add_get(prefix + "/key", self.key)
+            r.add_get(prefix + "/generation", self.generation)
+        r.add_get("/sim/stats", self.get_stats)
+        r.add_post("/sim/reset", self.reset)
+        return app
+
+    # -- small endpoints ------------------------------------------------------------------
+    def _auth(self, request: web.Request) -> web.Response | None:
+        if not self.cfg.api_keys:
+            return None
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer ") or not header[7:].strip():
+            return _json(401, error_body(401, "No auth credentials found"))
+        if header[7:].strip() not in self.cfg.api_keys:
+            return _json(401, error_body(401, "User not found."))
+        return None
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = []
+        for m in self.cfg.models:
+            eps = self._endpoints_of(m)
+            top = eps[0] if eps else None
+            data.append({
+                "id": m, "canonical_slug": self.cfg.dated(m), "name": m, "created": 1769472000,
+                "description": "Simulated by specgen sim.",
+                "context_length": max((p.context_length for p in eps), default=0),
+                "architecture": _ARCH,
+                "pricing": _pricing(top) if top else {},
+                "top_provider": {"context_length": top.context_length if top else 0,
+                                 "max_completion_tokens": top.max_completion_tokens if top else 0,
+                                 "is_moderated": False},
+                "supported_parameters": sorted({s for p in eps for s in p.supported_parameters}),
+            })
+        return _json(200, {"data": data})
+
+    def _endpoints_of(self, model: str) -> list[ProviderConfig]:
+        return [p for p in self.cfg.providers if not p.models or model in p.models]
+
+    async def endpoints(self, request: web.Request) -> web.Response:
+        slug = f"{request.match_info['author']}/{request.match_info['slug']}"
+        model = next((m for m in self.cfg.models if slug in (m, self.cfg.dated(m))), None)
+        if model is None:
+            return _json(404, error_body(404, f"No endpoints found for {slug}"))
+        eps = [{
+            "name": f"{p.name} | {model}", "model_name": model, "context_length": p.context_length,
+            "pricing": _pricing(p), "provider_name": p.name, "tag": p.tag,
+            "quantization": p.quantization, "max_completion_tokens": p.max_completion_tokens,
+            "max_prompt_tokens": None, "supported_parameters": list(p.supported_parameters),
+            "status": 0, "uptime_last_30m": p.uptime,
+            "supports_implicit_caching": p.cache_hit_rate > 0,
+            "latency_last_30m": {"p50": p.latency_s * 1000},
+            "throughput_last_30m": {"p50": p.tokens_per_second},
+        } for p in self._endpoints_of(model)]
+        return _json(200, {"data": {"id": model, "name": model, "created": 1769472000,
+                                    "description": "Simulated by specgen sim.",
+                                    "architecture": _ARCH, "endpoints": eps}})
+
+    async def key(self, request: web.Request) -> web.Response:
+        denied = self._auth(request)
+        if denied:
+            return denied
+        limit = self.cfg.credit_limit_usd
+        return _json(200, {"data": {
+            "label": "specgen-sim", "limit": limit, "usage": self.spent,
+            "limit_remaining": None if limit is None else max(0.0, limit - self.spent),
+            "is_free_tier": False, "is_provisioning_key": False,
+            "rate_limit": {"requests": -1, "interval": "10s"},
+        }})
+
+    async def generation(self, request: web.Request) -> web.Response:
+        gid = request.query.get("id", "")
+        gen = self.generations.get(gid)
+        if gen is None:
+            return _json(404, error_body(404, f"Generation {gid} not found"))
+        provider, usage, model, created, finish, streamed, latency = gen
+        return _json(200, {"data": {
+            "id": gid, "total_cost": usage["cost"], "provider_name": provider,
+            "model": self.cfg.dated(model), "created_at": created,
+            "tokens_prompt": usage["prompt_tokens"], "tokens_completion": usage["completion_tokens"],
+            "native_tokens_prompt": usage["prompt_tokens"],
+            "native_tokens_completion": usage["completion_tokens"],
+            "native_tokens_reasoning": usage["completion_tokens_details"]["reasoning_tokens"],
+            "native_tokens_cached": usage["prompt_tokens_details"]["cached_tokens"],
+            "finish_reason": finish, "native_finish_reason": finish,
+            "streamed": streamed, "cancelled": False, "latency": int(latency * 1000),
+        }})
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        out = self.stats.to_json()
+        out["spent_usd"] = self.spent
+        out["credit_limit_usd"] = self.cfg.credit_limit_usd
+        out["uptime_s"] = time.time() - self.started_at
+        out["seed"] = self.seed
+        return _json(200, out)
+
+    async def reset(self, request: web.Request) -> web.Response:
+        """Zero the counters and the spend (tests)."""
+        self.stats = Stats()
+        self.spent = 0.0
+        return _json(200, {"ok": True})
+
+    # -- chat -----------------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        st = self.stats
+        st.requests += 1
+        st.in_flight += 1
+        outcome = "cancelled"
+        try:
+            resp, outcome = await self._chat(request)
+            return resp
+        finally:
+            st.in_flight -= 1
+            if outcome == "completed":
+                st.completed += 1
+            else:
+                st.failed[outcome] = st.failed.get(outcome, 0) + 1
+
+    async def _chat(self, request: web.Request) -> tuple[web.StreamResponse, str]:
+        cfg = self.cfg
+        raw = await request.read()
+        denied = self._auth(request)
+        if denied:
+            return denied, "unauthorized"
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return _json(400, error_body(400, f"request body is not valid JSON: {exc}")), "bad_request"
+        try:
+            req = parse_chat_request(body, cfg, ids_header=request.headers.get(IDS_HEADER) == "1")
+        except BadRequest as exc:
+            return _json(400, error_body(400, str(exc))), "bad_request"
+        rng, content_rng = self._rngs(raw, req.seed)
+        if cfg.credit_limit_usd is not None and self.spent >= cfg.credit_limit_usd:
+            return _json(402, error_body(
+                402, "This request requires more credits, or fewer max_tokens. You have "
+                f"spent ${self.spent:.6f} of your ${cfg.credit_limit_usd:g} limit.")), "credits"
+        try:
+            candidates = route(cfg.providers, req.model, req.provider, params=req.params,
+                               has_tools=bool(req.tools), rng=rng, sort=req.sort)
+        except NoEndpoints as exc:
+            return _json(404, error_body(404, exc.message, availability={
+                "code": exc.code, "retryable": False})), "no_endpoints"
+        renderer = self.renderers[req.thinking]
+        try:
+            prompt_ids = renderer.prompt_ids(req.messages, req.tools)
+        except (RenderError, NotImplementedError, TypeError, ValueError, KeyError) as exc:
+            return _json(400, error_body(400, f"messages could not be rendered: {exc}")), "bad_request"
+        n_prompt = len(prompt_ids)
+        fitting = [p for p in candidates if n_prompt < p.context_length]
+        if not fitting:
+            most = max(p.context_length for p in candidates)
+            return _json(400, error_body(
+                400, f"This endpoint's maximum context length is {most} tokens. However, you "
+                f"requested about {n_prompt} tokens. Please reduce the length of the "
+                "messages.")), "bad_request"
+
+        fault = draw(cfg.faults, rng)
+        provider = fitting[0]
+        if fault is None:
+            for k, p in enumerate(fitting):
+                provider = p
+                fault = draw(p.faults, rng)
+                if fault in FALLBACK_FAULTS and k + 1 < len(fitting):
+                    self.stats.fallbacks += 1
+                    self.stats.count_fault(fault, p.name)
+                    continue
+                break
+        ps = self.stats.provider(provider.name)
+        ps["requests"] += 1
+        if fault is not None:
+            self.stats.count_fault(fault, provider.name)
+        latency = provider.latency_s
+        if provider.latency_jitter:
+            latency *= 1.0 + provider.latency_jitter * (2.0 * rng.random() - 1.0)
+        if fault in HTTP_FAULTS:
+            if latency:
+                await asyncio.sleep(latency)
+            ps["failed"] += 1
+            return self._http_fault(fault, provider, req, rng), fault
+
+        quirks = frozenset(q for q, rate in provider.quirks.items()
+                           if rate > 0 and rng.random() < rate)
+        ctx = _Ctx(req=req, provider=provider, quirks=quirks, prompt_ids=prompt_ids, rng=rng,
+                   gen_id=f"gen-{int(time.time())}-{''.join(rng.choices(_ALNUM, k=20))}",
+                   created=int(time.time()), latency=latency, fault=fault,
+                   content_rng=content_rng)
+        if fault == "slow_first_byte":
+            await asyncio.sleep(cfg.slow_first_byte_s)
+        if req.stream:
+            outcome = await self._stream(request, ctx)
+            return ctx.response, outcome
+        # The answer is sampled after the time to first token, so waiting requests are cheap.
+        if latency > 0:
+            await asyncio.sleep(latency)
+        self._answer(ctx)
+        tps = provider.tokens_per_second
+        if tps > 0:
+            await asyncio.sleep(len(ctx.served.ids) / tps)
+        return await self._complete(request, ctx)
+
+    def _answer(self, ctx: _Ctx) -> None:
+        """Sample the completion and serve it: sets ctx.served, ctx.usage, ctx.resegmented."""
+        req, provider = ctx.req, ctx.provider
+        gen = self.model.generate(GenRequest(
+            messages=req.messages, tools=req.tools, thinking=req.thinking,
+            tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+            effort=req.effort, reasoning_max_tokens=req.reasoning_max_tokens,
+            force_raw_tool_call=not req.tools and "tool_calls_in_content" in ctx.quirks,
+        ), ctx.content_rng)
+        n_prompt = len(ctx.prompt_ids)
+        max_tokens = min(req.max_tokens or provider.max_completion_tokens,
+                         provider.max_completion_tokens, provider.context_length - n_prompt)
+        ctx.served = self.serving.serve(
+            gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
+            stop_ids=gen.renderer.stop_token_ids, max_tokens=max_tokens, stop=req.stop,
+            has_tools=bool(req.tools), quirks=ctx.quirks, exclude_reasoning=req.exclude_reasoning,
+            rng=ctx.rng)
+        ctx.resegmented = gen.resegmented
+        ctx.usage = self._usage(provider, n_prompt, ctx.served, ctx.rng)
+
+    def _rngs(self, raw: bytes, seed: int | None) -> tuple[random.Random, random.Random]:
+        """(rng for routing/faults/quirks, rng for the answer's content). See docs/sim.md."""
+        digest = hashlib.blake2b(raw, digest_size=16, key=self._seed_key).digest()
+        seen = self._seen
+        if len(seen) >= _SEEN_LIMIT:
+            seen.clear()
+        occurrence = seen.get(digest, 0)
+        seen[digest] = occurrence + 1
+        base = int.from_bytes(digest, "little")
+        rng = random.Random(base ^ (occurrence * 0x9E3779B97F4A7C15) ^ (1 << 130))
+        if seed is None:
+            return rng, rng
+        content = random.Random(base ^ ((seed & ((1 << 64) - 1)) << 64) ^ (1 << 131))
+        return rng, content
+
+    def _usage(self, p: ProviderConfig, n_prompt: int, served: Served, rng: random.Random
+               ) -> dict[str, Any]:
+        n_completion = len(served.ids)
+        cached = 0
+        if p.cache_hit_rate and rng.random() < p.cache_hit_rate:
+            cached = int(n_prompt * rng.uniform(0.5, 1.0)) // 64 * 64
+        prompt_cost = (n_prompt - cached) * p.prompt_price() + cached * p.cache_read_price()
+        completion_cost = n_completion * p.completion_price()
+        cost = prompt_cost + completion_cost
+        return {
+            "prompt_tokens": n_prompt, "completion_tokens": n_completion,
+            "total_tokens": n_prompt + n_completion, "cost": cost, "is_byok": False,
+            "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+            "cost_details": {"upstream_inference_cost": None,
+                             "upstream_inference_prompt_cost": prompt_cost,
+                             "upstream_inference_completions_cost": completion_cost},
+            "completion_tokens_details": {"reasoning_tokens": served.reasoning_tokens,
+                                          "image_tokens": 0},
+        }
+
+    def _http_fault(self, fault: str, p: ProviderConfig, req: ChatRequest, rng: random.Random
+                    ) -> web.Response:
+        status = HTTP_FAULTS[fault]
+        if fault == "moderation":
+            last = req.messages[-1].get("content")
+            return _json(403, moderation_error(p.name, req.model, last if isinstance(last, str) else ""))
+        headers = {"Retry-After": _retry_after(self.cfg.retry_after_s)} if status == 429 else None
+        return _json(status, provider_error(status, p.name, self.cfg.error_metadata, rng),
+                     headers=headers)
+
+    def _account(self, ctx: _Ctx) -> None:
+        usage = ctx.usage
+        self.spent += usage["cost"]
+        self.stats.add_completion(ctx.provider.name, usage, ctx.served.quirks, ctx.resegmented)
+        # Kept slim (the JSON is built only if someone asks): no messages, no ids.
+        self.generations[ctx.gen_id] = (ctx.provider.name, usage, ctx.req.model, ctx.created,
+                                        ctx.served.finish_reason, ctx.req.stream, ctx.latency)
+        if len(self.generations) > GENERATION_LOG:
+            self.generations.popitem(last=False)
+
+    # -- non-stream -----------------------------------------------------------------------
+    def _message(self, ctx: _Ctx, served: Served) -> dict[str, Any]:
+        reasoning, content, calls = self.serving.fold(served)
+        msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if reasoning is not None:
+            if ctx.provider.reasoning_field == "reasoning":
+                msg["reasoning"] = reasoning
+                msg["reasoning_details"] = [{"type": "reasoning.text", "text": reasoning,
+                                             "format": "unknown", "index": 0}]
+            else:
+                msg["reasoning_content"] = reasoning
+        elif ctx.provider.reasoning_field == "reasoning":
+            msg["reasoning"] = None
+        if calls:
+            msg["tool_calls"] = calls
+        return msg
+
+    def _body(self, ctx: _Ctx, served: Served, **choice_extra: Any) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "logprobs": None, "finish_reason": served.finish_reason,
+            "native_finish_reason": served.native_finish_reason, "index": 0,
+            "message": self._message(ctx, served),
+        }
+        choice.update(choice_extra)
+        body: dict[str, Any] = {
+            "id": ctx.gen_id, "provider": ctx.provider.name, "model": self.cfg.dated(ctx.req.model),
+            "object": "chat.completion", "created": ctx.created, "choices": [choice],
+            "system_fingerprint": None, "usage": ctx.usage,
+        }
+        if ctx.req.want_ids:
+            body["prompt_token_ids"] = ctx.prompt_ids
+            choice["token_ids"] = served.ids
+            body["specgen_sim"] = self._sim_info(ctx, served)
+        return body
+
+    def _sim_info(self, ctx: _Ctx, served: Served) -> dict[str, Any]:
+        return {"quirks": served.quirks, "resegmented": ctx.resegmented,
+                "provider_tag": ctx.provider.tag, "fault": ctx.fault}
+
+    async def _complete(self, request: web.Request, ctx: _Ctx) -> tuple[web.StreamResponse, str]:
+        fault = ctx.fault
+        if fault in ("error_in_body", "mid_stream_error"):
+            if fault == "error_in_body" and ctx.rng.random() < 0.5:
+                body = error_body(502, "Provider returned error", {
+                    "provider_name": ctx.provider.name, "raw": "upstream connection closed"})
+            else:
+                partial = self._partial(ctx)
+                body = self._body(ctx, partial, error={
+                    "code": 502, "message": "Provider disconnected unexpectedly",
+                    "metadata": {"provider_name": ctx.provider.name, "raw": "stream closed"}})
+                body["choices"][0]["finish_reason"] = "error"
+                body["choices"][0]["native_finish_reason"] = "error"
+            self.stats.provider(ctx.provider.name)["failed"] += 1
+            return _json(200, body), fault
+        payload = orjson.dumps(self._body(ctx, ctx.served))
+        if fault == "malformed_json":
+            self.stats.provider(ctx.provider.name)["failed"] += 1
+            cut = payload[: max(1, len(payload) // 2)]
+            return web.Response(body=cut + b"\x00\x00 <html>upstream", status=200,
+                                content_type="application/json"), fault
+        if fault == "connection_reset":
+            self.stats.provider(ctx.provider.name)["failed"] += 1
+            await _reset_mid_body(request, payload)
+            return _Aborted(), fault
+        self._account(ctx)
+        return web.Response(body=payload, content_type="application/json"), "completed"
+
+    def _partial(self, ctx: _Ctx) -> Served:
+        """The answer as it stood when generation failed part-way (about half of it)."""
+        s = ctx.served
+        half = max(1, len(s.ids) // 2)
+        return self.serving.serve(s.ids, start_in_reasoning=ctx.req.thinking and self.renderers[
+            ctx.req.thinking].prompt_opens_think, stop_ids=self.renderers[True].stop_token_ids,
+            max_tokens=half, has_tools=bool(ctx.req.tools), rng=ctx.rng)
+
+    # -- stream ---------------------------------------------------------------------------
+    async def _stream(self, request: web.Request, ctx: _Ctx) -> str:
+        cfg = self.cfg
+        resp = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no"})
+        ctx.response = resp
+        await resp.prepare(request)
+        fault = ctx.fault
+        if cfg.keepalive_initial:
+            await resp.write(KEEPALIVE)
+        # Waiting for the first token: keep-alive comments.
+        if ctx.latency > 0:
+            deadline = time.monotonic() + ctx.latency
+            interval = cfg.keepalive_interval_s
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await asyncio.sleep(min(left, interval) if interval > 0 else left)
+                if interval > 0 and deadline - time.monotonic() > 0:
+                    await resp.write(KEEPALIVE)
+        if fault == "error_in_body":
+            self.stats.provider(ctx.provider.name)["failed"] += 1
+            await resp.write(_event(error_body(502, "Provider returned error", {
+                "provider_name": ctx.provider.name, "raw": "upstream connection closed"})))
+            await resp.write(DONE)
+            await resp.write_eof()
+            return fault
+        self._answer(ctx)
+        events = self._events(ctx)  # [(bytes, n_tokens)]
+        cut = len(events)
+        if fault in ("mid_stream_error", "connection_reset", "malformed_json"):
+            cut = max(1, int(len(events) * ctx.rng.uniform(0.2, 0.8)))
+        tps = ctx.provider.tokens_per_second
+        start = time.monotonic()
+        sent_tokens = 0
+        i = 0
+        while i < cut:
+            batch = []
+            if tps <= 0:
+                batch = [e for e, _ in events[i:cut]]
+                i = cut
+            else:
+                due = (time.monotonic() - start) * tps
+                while i < cut and (sent_tokens <= due or not batch):
+                    batch.append(events[i][0])
+                    sent_tokens += events[i][1]
+                    i += 1
+            await resp.write(b"".join(batch))
+            if i < cut and tps > 0:
+                wait = sent_tokens / tps - (time.monotonic() - start)
+                if wait > 0:
+                    await asyncio.sleep(max(wait, 0.005))
+        if fault is None or fault == "slow_first_byte":
+            await resp.write(DONE)
+            await resp.write_eof()
+            self._account(ctx)
+            return "completed"
+        self.stats.provider(ctx.provider.name)["failed"] += 1
+        if fault == "mid_stream_error":
+            await resp.write(_event(self._chunk(ctx, {"content": ""}, None, finish="error") | {
+                "error": {"code": 502, "message": "Provider disconnected unexpectedly",
+                          "metadata": {"provider_name": ctx.provider.name,
+                                       "raw": "stream closed"}}}))
+            await resp.write_eof()
+        elif fault == "malformed_json":
+            await resp.write(b'data: {"id": "' + ctx.gen_id.encode() + b'", "choices": [{"delta"\n\n')
+            await resp.write(b"".join(e for e, _ in events[cut:]) + DONE)
+            await resp.write_eof()
+        else:  # connection_reset
+            await asyncio.sleep(0.02)
+            _reset(request)
+        return fault
+
+    def _chunk(self, ctx: _Ctx, delta: dict[str, Any] | None, token_ids: list[int] | None, *,
+               finish: str | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta or {}, "finish_reason": finish,
+                                  "native_finish_reason": finish, "logprobs": None}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return {"id": ctx.gen_id, "provider": ctx.provider.name,
+                "model": self.cfg.dated(ctx.req.model), "object": "chat.completion.chunk",
+                "created": ctx.created, "choices": [choice]}
+
+    def _events(self, ctx: _Ctx) -> list[tuple[bytes, int]]:
+        """Every SSE event of the answer (after the keep-alives), with its token count."""
+        want = ctx.req.want_ids
+        served = ctx.served
+        first = self._chunk(ctx, {"role": "assistant", "content": ""}, [] if want else None)
+        if want:
+            first["prompt_token_ids"] = ctx.prompt_ids
+        events = [(_event(first), 0)]
+        pending: list[int] = []
+        for delta, ids in self.serving.stream_deltas(served, self.cfg.stream_chunk_tokens,
+                                                     ctx.provider.reasoning_field):
+            if delta is None:
+                pending = ids
+                break
+            events.append((_event(self._chunk(ctx, delta, ids if want else None)), len(ids)))
+        last = self._chunk(ctx, {"content": ""}, pending if want else None,
+                           finish=served.finish_reason)
+        last["choices"][0]["native_finish_reason"] = served.native_finish_reason
+        events.append((_event(last), len(pending)))
+        usage = {"id": ctx.gen_id, "provider": ctx.provider.name,
+                 "model": self.cfg.dated(ctx.req.model), "object": "chat.completion.chunk",
+                 "created": ctx.created, "choices": [], "usage": ctx.usage}
+        if want:
+            usage["specgen_sim"] = self._sim_info(ctx, served)
+        events.append((_event(usage), 0))
+        return events
+
+
+class _Ctx:
+    """Everything about one request being answered."""
+
+    __slots__ = ("req", "provider", "quirks", "served", "usage", "prompt_ids", "resegmented",
+                 "rng", "content_rng", "gen_id", "created", "latency", "fault", "response")
+
+    def __init__(self, **kw: Any):
+        self.response: web.StreamResponse | None = None
+        self.served: Served | None = None
+        self.usage: dict[str, Any] = {}
+        self.resegmented = 0
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class _Aborted(web.StreamResponse):
+    """Stands for a response whose connection was already reset; aiohttp sends nothing."""
+
+    async def prepare(self, request):  # type: ignore[override]
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None
+
+
+_ARCH = {"modality": "text->text", "input_modalities": ["text", "image"],
+         "output_modalities": ["text"], "tokenizer": "Other", "instruct_type": None}
+
+
+def _pricing(p: ProviderConfig) -> dict[str, str]:
+    return {"prompt": _per_token(p.prompt_price()), "completion": _per_token(p.completion_price()),
+            "request": "0", "image": "0", "web_search": "0", "internal_reasoning": "0",
+            "input_cache_read": _per_token(p.cache_read_price())}
+
+
+def _per_token(x: float) -> str:
+    text = f"{x:.12f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def _retry_after(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
+
+
+def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json",
+                        headers=headers)
+
+
+def _event(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _reset(request: web.Request) -> None:
+    """Reset the TCP connection (RST, not FIN): SO_LINGER 0 then abort."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    transport.abort()
+
+
+async def _reset_mid_body(request: web.Request, payload: bytes) -> None:
+    """Send the status line, headers and half the body, then reset the connection."""
+    transport = request.transport
+    if transport is None:
+        return
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(payload)).encode() + b"\r\n\r\n")
+    transport.write(head + payload[: len(payload) // 2])
+    await asyncio.sleep(0.02)
+    _reset(request)
