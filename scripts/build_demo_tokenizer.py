@@ -5,11 +5,13 @@ corpus generated from specgen's own lexicon, in the Kimi layout (``tiktoken.mode
 ``tokenizer_config.json``) with Kimi's special-token names at Kimi's offsets. It lets the
 quickstart and most tests run with no download. It is NOT any real model's vocabulary.
 
-Run:  python scripts/build_demo_tokenizer.py   (needs the `regex` package; deterministic)
+Run:  python scripts/build_demo_tokenizer.py [--out DIR]   (needs the `regex` package;
+      deterministic: rebuilding gives byte-identical files)
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import collections
 import json
@@ -77,7 +79,7 @@ def train(lines: list[str]) -> list[bytes]:
     pair_counts: collections.Counter[tuple[bytes, bytes]] = collections.Counter()
     where: dict[tuple[bytes, bytes], set[int]] = collections.defaultdict(set)
     for wi, w in enumerate(words):
-        for a, b in zip(w, w[1:]):
+        for a, b in zip(w, w[1:], strict=False):
             pair_counts[(a, b)] += counts[wi]
             where[(a, b)].add(wi)
     while len(vocab) < N_BASE and pair_counts:
@@ -90,7 +92,7 @@ def train(lines: list[str]) -> list[bytes]:
         for wi in list(where.pop(best, ())):
             w = words[wi]
             c = counts[wi]
-            for a, b in zip(w, w[1:]):
+            for a, b in zip(w, w[1:], strict=False):
                 pair_counts[(a, b)] -= c
                 if pair_counts[(a, b)] <= 0:
                     del pair_counts[(a, b)]
@@ -103,7 +105,7 @@ def train(lines: list[str]) -> list[bytes]:
                     out.append(w[i])
                     i += 1
             words[wi] = out
-            for a, b in zip(out, out[1:]):
+            for a, b in zip(out, out[1:], strict=False):
                 pair_counts[(a, b)] += c
                 where[(a, b)].add(wi)
         pair_counts.pop(best, None)
@@ -111,9 +113,12 @@ def train(lines: list[str]) -> list[bytes]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description="Build specgen's demo tokenizer.")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"output directory (default {OUT})")
+    out = ap.parse_args().out
     vocab = train(corpus(random.Random(20261202)))
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "tiktoken.model", "w") as f:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "tiktoken.model", "w") as f:
         for rank, tok in enumerate(vocab):
             f.write(f"{base64.b64encode(tok).decode()} {rank}\n")
     n = len(vocab)
@@ -129,8 +134,8 @@ def main() -> None:
         "clean_up_tokenization_spaces": False, "tokenizer_class": "TikTokenTokenizer",
         "model_max_length": 262144,
     }
-    (OUT / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    print(f"wrote {OUT}: {n} BPE tokens + 256 special ids")
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    print(f"wrote {out}: {n} BPE tokens + 256 special ids")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Both encode with every special token allowed, as the models' own tokenizers do: 
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import json
 import os
@@ -348,21 +348,22 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
-    ranks: dict[bytes, int] = {}
     try:
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    token, rank = line.split()
-                    ranks[base64.b64decode(token, validate=True)] = int(rank)
-                except ValueError:
-                    raise TokenizerError(
-                        f"{path}:{lineno}: expected 'base64-token rank', got {line[:60]!r}"
-                    ) from None
+        data = path.read_bytes()
     except OSError as exc:
         raise TokenizerError(f"{path}: cannot read ({exc.strerror})") from None
+    ranks: dict[bytes, int] = {}
+    a2b = binascii.a2b_base64
+    for lineno, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[a2b(token, strict_mode=True)] = int(rank)
+        except ValueError:  # binascii.Error is a ValueError
+            raise TokenizerError(
+                f"{path}:{lineno}: expected 'base64-token rank', got {line[:60]!r}"
+            ) from None
     if not ranks:
         raise TokenizerError(f"{path}: no BPE ranks in file")
     if sorted(ranks.values()) != list(range(len(ranks))):
