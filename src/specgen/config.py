@@ -62,6 +62,10 @@ class EndpointConfig:
     # GET /models/{model}/endpoints at start (quantizations, prices): "auto" = OpenRouter-like
     # base URLs and the simulator; true/false to force.
     fetch_endpoints: bool | Literal["auto"] = "auto"
+    # Request dialect: "openrouter" (reasoning/provider/usage fields), "openai" (vLLM, SGLang:
+    # chat_template_kwargs), or "auto": openrouter when the server lists endpoints (OpenRouter,
+    # the simulator), else by the base URL (see specgen.request.dialect).
+    dialect: Literal["auto", "openrouter", "openai"] = "auto"
 
     @property
     def is_sim(self) -> bool:

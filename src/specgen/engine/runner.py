@@ -59,10 +59,9 @@ def _is_local(url: str) -> bool:
 
 
 def _fetch_endpoints_wanted(cfg: RunConfig) -> bool:
-    mode = cfg.endpoint.fetch_endpoints
-    if mode != "auto":
-        return bool(mode)
-    return cfg.endpoint.is_sim or any("openrouter" in u for u in cfg.endpoint.base_url)
+    """Whether to ask for the endpoint list: "auto" tries (OpenRouter and the simulator serve
+    it; other servers answer 404, which is fine), true insists, false never asks."""
+    return cfg.endpoint.fetch_endpoints is not False
 
 
 def _setup_logging(run_dir: Path, console: bool) -> list[logging.Handler]:
@@ -156,7 +155,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
 
         sim = await asyncio.to_thread(
             simmod.start_in_thread, cfg.sim.config, seed=cfg.sim.seed, tokenizer=tokenizer,
-            renderer=renderer)
+            renderer=cfg.target.renderer)
         urls = [sim.url]
         log.info("simulator listening on %s", sim.url)
     session_id = store.start_session(os.getpid(), socket.gethostname(),
@@ -175,6 +174,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                                 cfg.budget.max_cost_usd, prices),
                             session_id=session_id, shard=shard,
                             drain_timeout=opts.drain_timeout,
+                            dialect_url=_dialect_url(cfg, policy),
                             threaded_commits=opts.threaded_commits)
             t0 = time.monotonic()
             engine.load(retry_failed=opts.retry_failed)
@@ -191,6 +191,19 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
     finally:
         if sim is not None:
             await asyncio.to_thread(sim.stop)
+
+
+OPENROUTER_URL = "https://openrouter.ai/api/v1"  # stands for the openrouter request dialect
+
+
+def _dialect_url(cfg: RunConfig, policy: ProviderPolicy) -> str | None:
+    """The base URL that makes specgen.request use the right dialect."""
+    mode = cfg.endpoint.dialect
+    if mode == "openrouter" or (mode == "auto" and (policy.endpoints or cfg.endpoint.is_sim)):
+        return OPENROUTER_URL
+    if mode == "openai":
+        return "http://localhost/v1"
+    return None
 
 
 def _end_session(store: Store, session_id: int, state: str, reason: str) -> None:
@@ -214,8 +227,12 @@ async def _policy_and_prices(cfg: RunConfig, client) -> tuple[ProviderPolicy, An
         except ApiError as err:
             if err.kind == "auth":
                 raise RunError(f"the API refused the key while listing endpoints: {err}") from None
-            log.warning("could not fetch the endpoint list (%s): provider quantizations and "
-                        "prices are unknown", err)
+            if cfg.endpoint.fetch_endpoints is True:
+                log.warning("could not fetch the endpoint list (%s): provider quantizations "
+                            "and prices are unknown", err)
+            else:
+                log.info("no endpoint list from the server (%s): not OpenRouter-like; "
+                         "quantizations and prices unknown", err)
     policy = ProviderPolicy(cfg.endpoint.provider, endpoints)
     if endpoints:
         log.info("endpoints of %s: %s", cfg.target.model, policy.describe())

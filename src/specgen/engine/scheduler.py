@@ -40,6 +40,7 @@ from .writer import StoreWriter
 log = logging.getLogger("specgen.engine")
 
 LIVE_FILE = "live.json"  # figures of the running session, for `specgen status`
+REJECTION_BREAKER = 100  # consecutive policy rejections that stop the run (a bad policy)
 ADMIT_CHUNK = 64  # conversations admitted per pass (keeps the loop responsive)
 READ_CHUNK = 2048  # rows read per pass at most (rows of other shards, duplicates...)
 
@@ -63,6 +64,7 @@ class Engine:
         stages: Stages, policy: ProviderPolicy, budget: Budget, session_id: int,
         reader: Store | None = None,
         shard: Shard | None = None, drain_timeout: float | None = None,
+        dialect_url: str | None = None,
         threaded_commits: bool = True,
     ):
         self.cfg = cfg
@@ -75,6 +77,8 @@ class Engine:
         self.budget = budget
         self.session_id = session_id
         self.shard = shard
+        # build_request picks its dialect from a base URL; None = the configured first URL
+        self.dialect_url = dialect_url
         ep = cfg.endpoint
         self.drain_timeout = cfg.engine.drain_timeout if drain_timeout is None else drain_timeout
         self.limit = AdaptiveLimit(ep.concurrency, ep.min_concurrency,
@@ -98,6 +102,7 @@ class Engine:
         self.stop_reason: str | None = None
         self.fatal: str | None = None  # why the run must stop (fatal error, bad row)
         self.events_logged: set[tuple[str, str]] = set()
+        self.rejected_in_a_row = 0
         self.started_at = time.time()
 
     # ---------------------------------------------------------------------------------------
@@ -273,7 +278,7 @@ class Engine:
         else:
             task_id, attempts = None, 0
         try:
-            body = self.stages.build_request(self.cfg, c.ds.cfg, step)
+            body = self.stages.build_request(self.cfg, c.ds.cfg, step, base_url=self.dialect_url)
             prompt_ids = array("I", self.renderer.prompt_ids(step.messages, step.tools))
         except (RenderError, ValueError, TypeError, KeyError) as exc:
             reason = f"render_error: {exc}" if isinstance(exc, RenderError) else f"request_error: {exc}"
@@ -562,6 +567,14 @@ class Engine:
         if rejection is not None:
             pstats.rejected += 1
             self.stats.rejections[rejection] += 1
+            self.rejected_in_a_row += 1
+            if self.rejected_in_a_row >= REJECTION_BREAKER and not self.fatal:
+                self.fatal = (
+                    f"provider policy: the last {self.rejected_in_a_row} answers were all "
+                    f"rejected (latest: {provider!r}, {rejection}); every answer is paid for, "
+                    "so the run stops — check [endpoint.provider] against the endpoint list")
+                self._event("fatal", ds.name, provider, self.fatal)
+                log.error("%s", self.fatal)
             self._attempt_row(job, f"rejected:{rejection}", error=f"provider {provider!r}",
                               **common)
             job.last_error = f"answer from provider {provider!r} rejected: {rejection}"
@@ -585,6 +598,7 @@ class Engine:
         except RenderError as exc:
             self._quarantine(job, resp, "render_error", common, pstats, detail=str(exc))
             return
+        self.rejected_in_a_row = 0
         pstats.ok += 1
         if latency is not None:
             pstats.latency.add(latency)

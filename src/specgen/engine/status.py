@@ -74,7 +74,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             "pending": pending, "quarantined": quar,
             "prompt_tokens": int(s.get("prompt_tokens", 0)),
             "completion_tokens": int(s.get("completion_tokens", 0)),
-            "cost_usd": round(float(s.get("cost_usd", 0.0)), 6),
+            "cost_usd": round(float(s.get("cost_usd", 0.0)), 9),
             "samples": int(k.get("samples", 0)),
             "samples_completion_tokens": int(k.get("completion_tokens", 0)),
             "attempts": int(s.get("attempts", 0)),
@@ -91,7 +91,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "state": state,
         "pid": pid,
-        "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in spend.values()), 6),
+        "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in spend.values()), 9),
         "stop_reason": reason,
         "datasets": datasets,
         "run_dir": str(run_dir),

@@ -33,6 +33,7 @@ class StoreWriter:
         # (dataset, conv_id) of conversations written but not yet committed, for dedupe
         self.uncommitted_convs: set[tuple[str, str]] = set()
         self._in_commit_convs: set[tuple[str, str]] = set()
+        self.error: BaseException | None = None  # a commit that failed (the run must stop)
 
     def has_uncommitted_conv(self, dataset: str, conv_id: str) -> bool:
         key = (dataset, conv_id)
@@ -57,7 +58,10 @@ class StoreWriter:
         self.rows_committed += len(batch)
 
     def flush(self) -> None:
-        """Commit everything buffered, now, on this thread."""
+        """Commit everything buffered, now, on this thread (no threaded commit may be under
+        way: await `wait_idle()` first)."""
+        if self._flushing is not None:
+            raise RuntimeError("flush() while a threaded commit is under way")
         if not self.batch:
             return
         batch, _ = self._take()
@@ -66,27 +70,43 @@ class StoreWriter:
 
     async def flush_async(self) -> None:
         """Commit what is buffered (in a worker thread when `threaded`); waits for a flush
-        already running first, so commits stay in order."""
-        while self._flushing is not None:
-            await asyncio.shield(self._flushing)
+        already running first, so commits stay in order. Cancelling the caller does not
+        cancel a commit under way: `wait_idle` waits for it."""
+        await self.wait_idle()
         if not self.batch:
             return
         batch, convs = self._take()
         self._in_commit_convs = convs
-        try:
-            if self.threaded:
-                self._flushing = asyncio.ensure_future(asyncio.to_thread(self._commit, batch))
-                await asyncio.shield(self._flushing)
-            else:
+        if not self.threaded:
+            try:
                 self._commit(batch)
-        finally:
-            self._flushing = None
-            self._in_commit_convs = set()
-            self.last_flush = time.monotonic()
+            finally:
+                self._flush_done(None)
+            return
+        fut = asyncio.ensure_future(asyncio.to_thread(self._commit, batch))
+        self._flushing = fut
+        fut.add_done_callback(self._flush_done)
+        await asyncio.shield(fut)
+
+    def _flush_done(self, fut: asyncio.Future | None) -> None:
+        self._flushing = None
+        self._in_commit_convs = set()
+        self.last_flush = time.monotonic()
+        if fut is not None and not fut.cancelled() and fut.exception() is not None:
+            self.error = fut.exception()
 
     async def wait_idle(self) -> None:
+        """Wait until no commit is under way; re-raise the failure of the last one."""
         while self._flushing is not None:
+            fut = self._flushing
             try:
-                await asyncio.shield(self._flushing)
-            except Exception:  # noqa: BLE001 - the flusher reports its own failure
-                return
+                await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                if not fut.done():
+                    raise
+            except Exception:  # noqa: BLE001 - reported through self.error below
+                pass
+            if self._flushing is fut:  # callback not run yet
+                self._flush_done(fut)
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,227 @@
+"""Helpers for the engine tests: a real `specgen sim` process, run configs, store checks.
+
+(No tests here; the module is imported by test_engine_*.py / test_run_*.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specgen.store import Store, unpack_ids
+
+REPO = Path(__file__).resolve().parents[1]
+SPECGEN = [sys.executable, "-m", "specgen"]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+class SimProcess:
+    """`specgen sim --port 0` in its own process, with a TOML config."""
+
+    def __init__(self, workdir: Path, config: str = "", name: str = "sim"):
+        self.path = workdir / f"{name}.toml"
+        self.path.write_text(config)
+        self.proc = subprocess.Popen(
+            [*SPECGEN, "sim", "--port", "0", "--config", str(self.path)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("specgen sim listening on "):
+            self.proc.kill()
+            raise RuntimeError(f"sim did not start: {line!r} {self.proc.stderr.read()}")
+        self.root = line.rsplit(" ", 1)[1]
+        self.url = self.root + "/api/v1"
+
+    def stats(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.root + "/sim/stats", timeout=30) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    with path.open("w") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
+
+
+def prompt_rows(n: int, prefix: str = "p") -> list[dict]:
+    return [{"id": f"{prefix}{i}", "messages": [
+        {"role": "user", "content": f"Question {i}: explain item {i} in one short paragraph."}]}
+        for i in range(n)]
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def tool_rows(n: int) -> list[dict]:
+    """Conversations with tools and a recorded tool loop (call, result, final answer)."""
+    rows = []
+    for i in range(n):
+        rows.append({"id": f"t{i}", "tools": [WEATHER_TOOL], "messages": [
+            {"role": "user", "content": f"What is the weather in city {i}?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "functions.get_weather:0", "type": "function",
+                 "function": {"name": "get_weather", "arguments": json.dumps({"city": f"c{i}"})}}]},
+            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."}]})
+    return rows
+
+
+def multi_turn_rows(n: int) -> list[dict]:
+    return [{"id": f"m{i}", "messages": [
+        {"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Tell me more."}, {"role": "assistant", "content": "Sure."}]}
+        for i in range(n)]
+
+
+def config_text(run_dir: Path, base_url: str, datasets: list[dict[str, Any]], *,
+                endpoint: str = "", extra: str = "", sampling: str = "max_tokens = 4096") -> str:
+    defaults = {"concurrency": "16", "retry_base_delay": "0.01", "retry_max_delay": "0.05",
+                "max_attempts": "30", "api_key_env": '"SPECGEN_TEST_KEY"'}
+    head = endpoint.split("\n[", 1)[0]
+    given = {line.split("=", 1)[0].strip() for line in head.splitlines() if "=" in line}
+    ep_defaults = "".join(f"{k} = {v}\n" for k, v in defaults.items() if k not in given)
+    ds = ""
+    for d in datasets:
+        ds += "[[dataset]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d.items())
+    return f"""run_dir = {json.dumps(str(run_dir))}
+[target]
+model = "moonshotai/kimi-k2.5"
+tokenizer = "demo"
+[endpoint]
+base_url = {json.dumps(base_url)}
+{ep_defaults}{endpoint}
+[sampling]
+{sampling}
+[engine]
+commit_interval = 0.05
+heartbeat_interval = 0.5
+log_interval = 1.0
+{extra}
+{ds}"""
+
+
+def write_config(tmp: Path, base_url: str, datasets: list[dict[str, Any]], name: str = "run",
+                 **kw: Any) -> Path:
+    path = tmp / f"{name}.toml"
+    path.write_text(config_text(tmp / f"{name}-dir", base_url, datasets, **kw))
+    return path
+
+
+def run_cli(config: Path, *args: str, timeout: float = 120, env: dict | None = None
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPECGEN, "run", str(config), "--no-live", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**ENV, **(env or {})})
+
+
+def start_cli(config: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*SPECGEN, "run", str(config), "--no-live", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**ENV, **(env or {})})
+
+
+def status_json(run_dir: Path) -> dict[str, Any]:
+    out = subprocess.run([*SPECGEN, "status", str(run_dir), "--json"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def wait_for(cond, timeout: float = 60, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def count(run_dir: Path, sql: str, args: tuple = ()) -> int:
+    """A read-only count from the store (0 when the store does not exist yet)."""
+    path = run_dir / "state.sqlite"
+    if not path.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return int(conn.execute(sql, args).fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        conn.close()
+
+
+def results_snapshot(run_dir: Path) -> dict[int, tuple]:
+    """{task: (conversation, turn, input_ids bytes, n_prompt)} of the committed results."""
+    path = run_dir / "state.sqlite"
+    if not path.exists():
+        return {}
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return {r[0]: r[1:] for r in conn.execute(
+            "SELECT task, conversation, turn, input_ids, n_prompt FROM results")}
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        conn.close()
+
+
+def check_store(run_dir: Path, vocab: int | None = None) -> dict[str, int]:
+    """Invariants every run store must hold; returns a few counts.
+
+    * each task has at most one result and a result exactly when it is done;
+    * no conversation twice (dataset, conv_id), no task twice (conversation, turn);
+    * results' ids are valid: n_prompt within the sample, ids inside the vocabulary;
+    * every dataset's rows_read = conversations + invalid + duplicate + other-shard rows.
+    """
+    with Store.open(run_dir) as store:
+        c = store.conn
+        assert c.execute("SELECT COUNT(*) FROM (SELECT task FROM results GROUP BY task "
+                         "HAVING COUNT(*) > 1)").fetchone()[0] == 0
+        done_without = c.execute(
+            "SELECT COUNT(*) FROM tasks t WHERE t.status='done' AND NOT EXISTS "
+            "(SELECT 1 FROM results r WHERE r.task=t.id)").fetchone()[0]
+        result_not_done = c.execute(
+            "SELECT COUNT(*) FROM results r JOIN tasks t ON t.id=r.task "
+            "WHERE t.status != 'done'").fetchone()[0]
+        orphan = c.execute("SELECT COUNT(*) FROM results r WHERE NOT EXISTS "
+                           "(SELECT 1 FROM tasks t WHERE t.id=r.task)").fetchone()[0]
+        assert (done_without, result_not_done, orphan) == (0, 0, 0)
+        for ds, rows_read, inv, dup, other in c.execute(
+                "SELECT name, rows_read, rows_invalid, rows_duplicate, rows_other_shard "
+                "FROM datasets"):
+            n = c.execute("SELECT COUNT(*) FROM conversations WHERE dataset=?",
+                          (ds,)).fetchone()[0]
+            assert rows_read == n + inv + dup + other, (ds, rows_read, n, inv, dup, other)
+        n_results = 0
+        for ids_blob, n_prompt, tp, tc in c.execute(
+                "SELECT input_ids, n_prompt, true_prompt_ids, true_completion_ids FROM results"):
+            ids = unpack_ids(ids_blob)
+            assert 0 < n_prompt < len(ids)
+            true_ids = (unpack_ids(tp) or []) + (unpack_ids(tc) or [])
+            if vocab is not None:
+                assert max(ids) < vocab and all(i < vocab for i in true_ids)
+            n_results += 1
+        tasks = dict(c.execute("SELECT status, COUNT(*) FROM tasks GROUP BY status"))
+    return {"results": n_results, **tasks}
