@@ -135,7 +135,7 @@ class KimiRenderer(Renderer):
         if self.prompt_opens_think:
             # The prompt already holds `<think>` (thinking on) or `<think></think>` (off).
             return f"{reasoning}{END_THINK}{body}" if self.thinking else body
-        return f"{THINK}{reasoning}{END_THINK}{body}" if self.thinking else body
+        return f"{THINK}{reasoning}{END_THINK}{body}"  # K2-Thinking opens <think> itself
 
     # -- parsing ----------------------------------------------------------------------------
     @property
