@@ -40,10 +40,10 @@ class Sample:
     @property
     def n_prompt(self) -> int:
         """Length of the leading mask-0 run (the prompt of a single-forward-pass sample)."""
-        for i, m in enumerate(self.loss_mask):
-            if m:
-                return i
-        return len(self.loss_mask)
+        try:
+            return self.loss_mask.index(1)
+        except ValueError:
+            return len(self.loss_mask)
 
     @classmethod
     def from_parts(cls, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Sample:
