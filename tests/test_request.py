@@ -140,3 +140,12 @@ def test_no_secret_in_the_body(tmp_path, glaive_conv, monkeypatch):
     cfg = config(tmp_path)
     body = build_request(cfg, cfg.datasets[0], next_request(glaive_conv, {}, "last"))
     assert b"SECRET" not in orjson.dumps(body)
+
+
+def test_configured_dialect_wins_over_the_url(tmp_path, glaive_conv):
+    cfg = config(tmp_path, endpoint={"base_url": "http://127.0.0.1:9/v1", "dialect": "openrouter"})
+    body = build_request(cfg, cfg.datasets[0], next_request(glaive_conv, {}, "last"))
+    assert "provider" in body and "chat_template_kwargs" not in body
+    cfg = config(tmp_path, endpoint={"dialect": "openai"})
+    body = build_request(cfg, cfg.datasets[0], next_request(glaive_conv, {}, "last"))
+    assert "provider" not in body and body["chat_template_kwargs"]["thinking"] is True

@@ -1,6 +1,6 @@
 """The exact JSON body sent for one turn (docs/datasets.md, "Request body").
 
-Two dialects, chosen from the base URL:
+Two dialects, chosen by `endpoint.dialect`, or (`auto`) from the base URL:
 
 * `openrouter` (OpenRouter and the built-in simulator, `base_url = "sim"`): `reasoning` object,
   `provider` routing object, `usage: {"include": true}`; history assistant turns carry their
@@ -34,14 +34,22 @@ def dialect(base_url: str) -> str:
     return "openrouter" if host == "openrouter.ai" or host.endswith(".openrouter.ai") else "openai"
 
 
+def request_dialect(cfg: RunConfig, base_url: str | None = None) -> str:
+    """`endpoint.dialect` when set to openrouter/openai, else from the base URL."""
+    mode = getattr(cfg.endpoint, "dialect", "auto")
+    if mode in ("openrouter", "openai"):
+        return mode
+    return dialect(base_url or cfg.endpoint.base_url[0])
+
+
 def build_request(
     cfg: RunConfig, ds: DatasetConfig, req: TurnRequest, *, base_url: str | None = None
 ) -> dict[str, Any]:
     """The exact JSON body sent for this turn (no secrets in it).
 
-    `base_url` picks the dialect when a run mixes endpoints; default: the first base URL.
+    `base_url` picks the dialect when `endpoint.dialect` is auto (default: the first base URL).
     """
-    kind = dialect(base_url or cfg.endpoint.base_url[0])
+    kind = request_dialect(cfg, base_url)
     s = cfg.sampling
     body: dict[str, Any] = {
         "model": cfg.target.model,
