@@ -98,9 +98,9 @@ def config_text(run_dir: Path, base_url: str, datasets: list[dict[str, Any]], *,
                 endpoint: str = "", extra: str = "", sampling: str = "max_tokens = 4096") -> str:
     defaults = {"concurrency": "16", "retry_base_delay": "0.01", "retry_max_delay": "0.05",
                 "max_attempts": "30", "api_key_env": '"SPECGEN_TEST_KEY"'}
-    head = endpoint.split("\n[", 1)[0]
-    given = {line.split("=", 1)[0].strip() for line in head.splitlines() if "=" in line}
-    ep_defaults = "".join(f"{k} = {v}\n" for k, v in defaults.items() if k not in given)
+    ep_defaults = _defaults(defaults, endpoint)
+    eng_defaults = _defaults({"commit_interval": "0.05", "heartbeat_interval": "0.5",
+                              "log_interval": "1.0"}, extra)
     ds = ""
     for d in datasets:
         ds += "[[dataset]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in d.items())
@@ -114,11 +114,16 @@ base_url = {json.dumps(base_url)}
 [sampling]
 {sampling}
 [engine]
-commit_interval = 0.05
-heartbeat_interval = 0.5
-log_interval = 1.0
-{extra}
+{eng_defaults}{extra}
 {ds}"""
+
+
+def _defaults(defaults: dict[str, str], given_text: str) -> str:
+    """Default `key = value` lines for the keys `given_text` does not set before a table."""
+    head = given_text if not given_text.startswith("[") else ""
+    head = head.split("\n[", 1)[0]
+    given = {line.split("=", 1)[0].strip() for line in head.splitlines() if "=" in line}
+    return "".join(f"{k} = {v}\n" for k, v in defaults.items() if k not in given)
 
 
 def write_config(tmp: Path, base_url: str, datasets: list[dict[str, Any]], name: str = "run",
@@ -146,6 +151,13 @@ def status_json(run_dir: Path) -> dict[str, Any]:
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def live_status(run_dir: Path) -> dict[str, Any]:
+    """status --json, or {} while the run has not created its store yet."""
+    if not (run_dir / "state.sqlite").exists():
+        return {}
+    return status_json(run_dir)
 
 
 def wait_for(cond, timeout: float = 60, interval: float = 0.05, what: str = "condition"):
