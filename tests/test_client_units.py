@@ -202,7 +202,6 @@ def test_finish_reason_error_alone_is_a_stream_error():
     ('{"choices": [{"delta": {"content": 5}}]}', "content must be a string"),
     ('{"choices": [{"delta": {"tool_calls": {"x": 1}}}]}', "tool_calls must be a list"),
     ('{"choices": [{"delta": {}, "token_ids": ["a"]}]}', "token ids"),
-    ('{"prompt_token_ids": [-1], "choices": []}', "token ids"),
     ('{"choices": [], "usage": [1]}', "usage must be an object"),
 ])
 def test_stream_wrong_shapes_are_invalid_response(chunk, words):
@@ -210,6 +209,17 @@ def test_stream_wrong_shapes_are_invalid_response(chunk, words):
         parse_stream(sse(delta(content="a"), chunk))
     assert e.value.kind == "invalid_response" and words in e.value.message
     assert len(e.value.message) < 400
+
+
+@pytest.mark.parametrize("first", [
+    {"prompt_token_ids": [-1], "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+    {"prompt_token_ids": "1 2 3", "choices": []},
+    {"choices": [{"index": 0, "delta": {}, "prompt_token_ids": [1.5]}]},
+])
+def test_bad_prompt_ids_on_the_first_chunk(first):
+    with pytest.raises(ApiError) as e:
+        parse_stream(sse(first, STREAM[5]))
+    assert e.value.kind == "invalid_response" and "token ids" in e.value.message
 
 
 def test_huge_garbage_line_is_refused_briefly():

@@ -179,20 +179,20 @@ class _ToolAcc:
 class StreamParser:
     """Incremental SSE parser: `feed()` raw bytes as they arrive, then `finish()`.
 
-    SSE framing: lines end in LF or CRLF; `data:` lines of one event are joined with "\\n" and
-    the event is dispatched at the blank line; `:` comment lines (`: OPENROUTER PROCESSING`)
-    and other fields (`event:`, `id:`, `retry:`) are skipped; `data: [DONE]` ends the stream.
+    SSE framing: lines end in LF or CRLF; an event ends at a blank line and its `data:` lines
+    are joined with "\\n"; `:` comment lines (`: OPENROUTER PROCESSING`) and other fields
+    (`event:`, `id:`, `retry:`) are skipped; `data: [DONE]` ends the stream. The JSON payloads
+    of all events in one block are decoded with a single orjson call.
     """
 
     __slots__ = (
-        "_buf", "_data", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
+        "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
-        "_prompt_ids", "_completion_ids", "error", "done", "events",
+        "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
     )
 
     def __init__(self) -> None:
         self._buf = b""
-        self._data: bytes | None = None
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self.reasoning_field: str | None = None
@@ -206,6 +206,7 @@ class StreamParser:
         self.usage: dict[str, Any] | None = None
         self._prompt_ids: array | None = None
         self._completion_ids: array | None = None
+        self._seen_choices = False
         self.error: Any = None  # a top-level error chunk or choices[0].error; raised at finish
         self.done = False  # saw [DONE]
         self.events = 0  # JSON chunks seen
@@ -216,124 +217,173 @@ class StreamParser:
             block = self._buf + block
         if b"\r" in block:
             block = block.replace(b"\r\n", b"\n")
-        lines = block.split(b"\n")
-        self._buf = lines.pop()
+        events = block.split(b"\n\n")
+        self._buf = events.pop()
         if len(self._buf) > MAX_LINE:
-            raise _invalid(f"stream line longer than {MAX_LINE} bytes")
-        data = self._data
-        for line in lines:
-            if not line:
-                if data is not None:
-                    self._event(data)
-                    data = None
-                    if self.done:
-                        break
-            elif line[:5] == b"data:":
+            raise _invalid(f"stream event longer than {MAX_LINE} bytes")
+        ready = []
+        for ev in events:
+            if ev[:6] == b"data: " and b"\n" not in ev:  # the common case: one data line
+                payload = ev[6:]
+            elif not ev:
+                continue
+            else:
+                payload = self._slow_event(ev)
+                if payload is None:
+                    continue
+            if payload == b"[DONE]":
+                self.done = True
+                break
+            if payload:
+                ready.append(payload)
+        if ready:
+            self._apply(self._decode(ready))
+
+    def _slow_event(self, ev: bytes) -> bytes | None:
+        """The data of an event that is more than one `data: ...` line (comments, other
+        fields, multi-line data); None when it carries no data."""
+        data = None
+        for line in ev.split(b"\n"):
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if line[:5] == b"data:":
                 value = line[5:]
                 if value[:1] == b" ":
                     value = value[1:]
                 data = value if data is None else data + b"\n" + value
             # ':' comments and other SSE fields are skipped
-        self._data = data
+        return data
 
-    def _event(self, data: bytes) -> None:
-        if not data:
-            return
-        if data == b"[DONE]":
-            self.done = True
-            return
-        try:
-            chunk = _loads(data)
-        except _JSONDecodeError:
-            if b"\n" in data:  # a server that omits the blank line between events
+    def _decode(self, payloads: list[bytes]) -> list[Any]:
+        """All JSON payloads of a block in one orjson call; one by one when that fails, so the
+        error names the bad chunk."""
+        if len(payloads) > 1:
+            try:
+                objs = _loads(b"[" + b",".join(payloads) + b"]")
+                if len(objs) == len(payloads):
+                    return objs
+            except _JSONDecodeError:
+                pass
+        out: list[Any] = []
+        for data in payloads:
+            try:
+                out.append(_loads(data))
+            except _JSONDecodeError:
+                if b"\n" not in data:
+                    raise _invalid(
+                        f"stream chunk is not valid JSON: {snippet(data, 120)}") from None
+                # a server that omits the blank line between events: one chunk per line
                 for part in data.split(b"\n"):
-                    self._event(part)
-                    if self.done:
-                        break
-                return
-            raise _invalid(f"stream chunk is not valid JSON: {snippet(data, 120)}") from None
-        if chunk.__class__ is not dict:
-            raise _invalid(f"stream chunk must be a JSON object, got {type(chunk).__name__}")
-        self.events += 1
-        self._chunk(chunk)
+                    if part == b"[DONE]":
+                        self.done = True
+                        return out
+                    if part:
+                        try:
+                            out.append(_loads(part))
+                        except _JSONDecodeError:
+                            raise _invalid("stream chunk is not valid JSON: "
+                                           f"{snippet(part, 120)}") from None
+        return out
 
-    def _chunk(self, chunk: dict[str, Any]) -> None:
-        get = chunk.get
-        if self.provider is None:
-            self.provider = _opt_str(get("provider"))
-        if self.model is None:
-            self.model = _opt_str(get("model"))
-        if self.id is None:
-            self.id = _opt_str(get("id"))
-        err = get("error")
-        if err:
-            self.error = err
-        if self._prompt_ids is None:
-            pids = get("prompt_token_ids")
-            if pids is not None:
-                self._prompt_ids = _ids(pids, "prompt_token_ids")
-        usage = get("usage")
-        if usage:
-            if usage.__class__ is not dict:
-                raise _invalid("usage must be an object")
-            self.usage = usage
-        choices = get("choices")
-        if not choices:
+    def _apply(self, chunks: list[Any]) -> None:
+        head = self.id is None  # id and model: from the first chunk that has an id
+        provider = self.provider is None  # from any chunk
+        want_pids = self._prompt_ids is None and not self._seen_choices  # the first chunk
+        content = self._content
+        self.events += len(chunks)
+        for chunk in chunks:
+            if chunk.__class__ is not dict:
+                raise _invalid(f"stream chunk must be a JSON object, got {type(chunk).__name__}")
+            get = chunk.get
+            if head:
+                value = get("id")
+                if value is not None:
+                    self.id = _opt_str(value)
+                    self.model = _opt_str(get("model"))
+                    head = False
+            if provider:
+                value = get("provider")
+                if value:
+                    self.provider = _opt_str(value)
+                    provider = self.provider is None
+            if want_pids:
+                value = get("prompt_token_ids")
+                if value is not None:
+                    self._prompt_ids = _ids(value, "prompt_token_ids")
+                    want_pids = False
+            err = get("error")
+            if err:
+                self.error = err
+            value = get("usage")
+            if value:
+                if value.__class__ is not dict:
+                    raise _invalid("usage must be an object")
+                self.usage = value
+            choices = get("choices")
+            if not choices:
+                continue
+            if choices.__class__ is not list:
+                raise _invalid(f"choices must be a list, got {type(choices).__name__}")
+            choice = choices[0]
+            if choice.__class__ is not dict:
+                raise _invalid("choices[0] must be an object")
+            cget = choice.get
+            if want_pids:
+                value = cget("prompt_token_ids")
+                if value is not None:
+                    self._prompt_ids = _ids(value, "choices[0].prompt_token_ids")
+                want_pids = False
+                self._seen_choices = True
+            delta = cget("delta")
+            if delta:
+                if delta.__class__ is not dict:
+                    raise _invalid("choices[0].delta must be an object")
+                text = delta.get("content")
+                if text:
+                    if text.__class__ is not str:
+                        text = _text(text, "choices[0].delta.content")
+                    content.append(text)
+                text = delta.get("reasoning")
+                if text:
+                    self._reasoning_piece(text, "reasoning")
+                else:
+                    text = delta.get("reasoning_content")
+                    if text:
+                        self._reasoning_piece(text, "reasoning_content")
+                calls = delta.get("tool_calls")
+                if calls:
+                    self._tool_deltas(calls)
+            finish = cget("finish_reason")
+            if finish:
+                self.finish_reason = _opt_str(finish)
+                native = cget("native_finish_reason")
+                if native:
+                    self.native_finish_reason = _opt_str(native)
+            tids = cget("token_ids")
+            if tids:
+                self._extend_ids(tids)
+            cerr = cget("error")
+            if cerr:
+                self.error = cerr
+
+    def _reasoning_piece(self, text: Any, field: str) -> None:
+        if text.__class__ is not str:
+            text = _text(text, f"choices[0].delta.{field}")
+        self._reasoning.append(text)
+        if self.reasoning_field is None:
+            self.reasoning_field = field
+
+    def _extend_ids(self, ids: Any) -> None:
+        if self._completion_ids is None:
+            self._completion_ids = _ids(ids, "choices[0].token_ids")
             return
-        if choices.__class__ is not list:
-            raise _invalid(f"choices must be a list, got {type(choices).__name__}")
-        choice = choices[0]
-        if choice.__class__ is not dict:
-            raise _invalid("choices[0] must be an object")
-        cget = choice.get
-        delta = cget("delta")
-        if delta:
-            if delta.__class__ is not dict:
-                raise _invalid("choices[0].delta must be an object")
-            text = delta.get("content")
-            if text:
-                if text.__class__ is not str:
-                    text = _text(text, "choices[0].delta.content")
-                self._content.append(text)
-            text = delta.get("reasoning")
-            field = "reasoning"
-            if not text:
-                text = delta.get("reasoning_content")
-                field = "reasoning_content"
-            if text:
-                if text.__class__ is not str:
-                    text = _text(text, f"choices[0].delta.{field}")
-                self._reasoning.append(text)
-                if self.reasoning_field is None:
-                    self.reasoning_field = field
-            calls = delta.get("tool_calls")
-            if calls:
-                self._tool_deltas(calls)
-        ids = cget("token_ids")
-        if ids:
-            if self._completion_ids is None:
-                self._completion_ids = _ids(ids, "choices[0].token_ids")
-            elif ids.__class__ is list:
-                try:
-                    self._completion_ids.extend(ids)
-                except (TypeError, OverflowError):
-                    raise _invalid("choices[0].token_ids must hold non-negative integer "
-                                   "token ids") from None
-            else:
-                raise _invalid("choices[0].token_ids must be a list of token ids")
-        if self._prompt_ids is None:
-            pids = cget("prompt_token_ids")
-            if pids is not None:
-                self._prompt_ids = _ids(pids, "choices[0].prompt_token_ids")
-        finish = cget("finish_reason")
-        if finish:
-            self.finish_reason = _opt_str(finish)
-            native = cget("native_finish_reason")
-            if native:
-                self.native_finish_reason = _opt_str(native)
-        cerr = cget("error")
-        if cerr:
-            self.error = cerr
+        if ids.__class__ is not list:
+            raise _invalid("choices[0].token_ids must be a list of token ids")
+        try:
+            self._completion_ids.extend(ids)
+        except (TypeError, OverflowError):
+            raise _invalid("choices[0].token_ids must hold non-negative integer token ids"
+                           ) from None
 
     def _tool_deltas(self, calls: Any) -> None:
         if calls.__class__ is not list:
@@ -379,12 +429,10 @@ class StreamParser:
     def finish(self) -> ChatResponse:
         """The response after the body ended (at [DONE] or EOF); raises for a failed stream."""
         if not self.done:
-            tail = self._buf.rstrip(b"\r")
+            tail = self._buf.rstrip(b"\r\n")
             self._buf = b""
             if tail:
                 self.feed(tail + b"\n\n")
-            elif self._data is not None:
-                self.feed(b"\n")
         if self.error is not None or self.finish_reason == "error":
             raise self.failure()
         if not self.done and self.finish_reason is None:
