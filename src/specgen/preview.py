@@ -1,0 +1,347 @@
+"""What a run would send, without sending anything: `specgen preview` (docs/datasets.md).
+
+For each dataset: rows read and skipped (with reasons), whether tools were found, the planned
+requests with their prompt-token counts, the worst-case cost from `max_tokens` and known
+prices, and a few sample conversations with the exact request body and the token ids (prompt
+loss mask 0, answer loss mask 1) the target would see.
+
+Fully offline by default: no API call, no run directory. Token counts cover the first `scan`
+rows; when the dataset is longer they are extrapolated by its row count (cheap for JSONL,
+Parquet and Arrow; JSON is parsed to the end to count). Prices come from `[budget]`, else
+from the simulator's providers (`base_url = "sim"`), else from the OpenRouter endpoint list
+only when asked (`fetch_prices=True`, a free GET); otherwise the cost is unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from .config import DatasetConfig, RunConfig
+from .conversation import AssistantMessage, Conversation
+from .planner import End, TurnRequest, next_request
+from .render.base import Renderer, RenderError
+from .request import build_request, request_dialect
+from .sources import Row, SourceError, count_rows, detect_dataset_format, iter_rows
+from .sources.files import iter_records
+
+DEFAULT_SCAN = 2000
+SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.I)
+_TOOL_DUMP = re.compile(r'"(name|parameters)"\s*:')
+
+
+@dataclass
+class SamplePreview:
+    """One planned request of one conversation, with the sample it would make."""
+
+    conversation_id: str
+    row: int
+    turn: int
+    url: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    input_ids: list[int]
+    n_prompt: int
+    answer: str  # "dataset" (the dataset's own answer stands in) or "model" (prompt only)
+
+
+@dataclass
+class DatasetPreview:
+    name: str
+    path: str
+    format: str
+    turns: str
+    rows_scanned: int = 0
+    rows_readable: int = 0
+    rows_invalid: int = 0
+    invalid_reasons: Counter = field(default_factory=Counter)
+    invalid_examples: list[str] = field(default_factory=list)
+    conversations_with_tools: int = 0
+    tool_names: Counter = field(default_factory=Counter)
+    dataset_tool_calls: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    max_prompt_tokens: int = 0
+    render_errors: int = 0
+    total_rows: int | None = None  # all row indices of the dataset, when known
+    complete: bool = True  # every row was scanned (no extrapolation)
+    max_tokens: int = 0
+    limit: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    samples: list[SamplePreview] = field(default_factory=list)
+    error: str | None = None  # the dataset cannot be read at all
+
+    @property
+    def scale(self) -> float:
+        """Factor from the scanned rows to the whole dataset (and its `limit`)."""
+        if self.rows_scanned == 0:
+            return 0.0
+        rows = self.rows_scanned if self.complete or self.total_rows is None else self.total_rows
+        factor = rows / self.rows_scanned
+        if self.limit is not None and self.rows_readable:
+            factor = min(factor, self.limit / self.rows_readable)
+        return factor
+
+    @property
+    def est_requests(self) -> int:
+        return round(self.requests * self.scale)
+
+    @property
+    def est_prompt_tokens(self) -> int:
+        return round(self.prompt_tokens * self.scale)
+
+    def worst_case_cost(self, prices) -> float | None:
+        """Every planned request answered with max_tokens completion tokens."""
+        return prices.cost(self.est_prompt_tokens, self.est_requests * self.max_tokens)
+
+    def to_json(self, prices) -> dict[str, Any]:
+        return {
+            "name": self.name, "path": self.path, "format": self.format, "turns": self.turns,
+            "error": self.error,
+            "rows_scanned": self.rows_scanned, "rows_readable": self.rows_readable,
+            "rows_invalid": self.rows_invalid, "total_rows": self.total_rows,
+            "complete": self.complete, "limit": self.limit,
+            "invalid_reasons": dict(self.invalid_reasons.most_common()),
+            "invalid_examples": self.invalid_examples,
+            "tools_found": self.conversations_with_tools > 0,
+            "conversations_with_tools": self.conversations_with_tools,
+            "tool_names": dict(self.tool_names.most_common()),
+            "dataset_tool_calls": self.dataset_tool_calls,
+            "requests_scanned": self.requests, "prompt_tokens_scanned": self.prompt_tokens,
+            "max_prompt_tokens": self.max_prompt_tokens, "render_errors": self.render_errors,
+            "estimated_requests": self.est_requests,
+            "estimated_prompt_tokens": self.est_prompt_tokens,
+            "max_tokens": self.max_tokens,
+            "worst_case_cost_usd": self.worst_case_cost(prices),
+            "warnings": self.warnings,
+            "samples": [{
+                "conversation_id": s.conversation_id, "row": s.row, "turn": s.turn,
+                "url": s.url, "headers": s.headers, "body": s.body,
+                "input_ids": s.input_ids,
+                "loss_mask": [0] * s.n_prompt + [1] * (len(s.input_ids) - s.n_prompt),
+                "answer": s.answer,
+            } for s in self.samples],
+        }
+
+
+@dataclass
+class Preview:
+    datasets: list[DatasetPreview]
+    prices: Any  # specgen.engine.budget.Prices
+    dialect: str
+    price_origin: str = "unknown"  # where the prices came from, in words
+
+    def total_cost(self) -> float | None:
+        costs = [d.worst_case_cost(self.prices) for d in self.datasets if d.error is None]
+        return None if any(c is None for c in costs) else sum(costs)  # type: ignore[misc]
+
+
+def preview(
+    cfg: RunConfig, renderer: Renderer, *, n: int = 3, dataset: str | None = None,
+    scan: int = DEFAULT_SCAN, fetch_prices: bool = False,
+) -> Preview:
+    """Analyse the datasets of `cfg` (all, or the one named `dataset`); `scan` = 0 reads all."""
+    chosen = [d for d in cfg.datasets if dataset is None or d.name == dataset]
+    if dataset is not None and not chosen:
+        raise KeyError(f"no dataset named {dataset!r} (the config has: "
+                       f"{', '.join(d.name for d in cfg.datasets)})")
+    out = [preview_dataset(cfg, d, renderer, n=n, scan=scan) for d in chosen]
+    prices, origin = known_prices(cfg, fetch=fetch_prices)
+    return Preview(out, prices, request_dialect(cfg), origin)
+
+
+def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n: int,
+                    scan: int) -> DatasetPreview:
+    p = DatasetPreview(name=ds.name, path=str(ds.path), format=ds.format, turns=ds.turns,
+                       max_tokens=cfg.max_tokens_for(ds), limit=ds.limit)
+    try:
+        if ds.format == "auto":
+            p.format = f"{detect_dataset_format(ds)} (detected)"
+        rows = iter_rows(ds, renderer=cfg.target.renderer)
+        last_index = -1
+        for row in rows:
+            if scan and p.rows_scanned >= scan:
+                p.complete = False
+                break
+            p.rows_scanned += 1
+            last_index = row.index
+            _count_row(cfg, ds, renderer, p, row, n)
+        if not p.complete:
+            p.total_rows = count_rows(ds.path, ds.split)
+            if p.total_rows is None:  # JSON: count the remaining rows by reading them
+                p.total_rows = last_index + 1 + sum(1 for _ in iter_records(
+                    ds.path, last_index + 1, ds.split))
+            # rows of a JSONL file are line slots: blank lines count, so scale by slots
+            p.total_rows = round(p.total_rows * p.rows_scanned / max(1, last_index + 1))
+        else:
+            p.total_rows = p.rows_scanned
+    except SourceError as exc:
+        p.error = str(exc)
+        return p
+    _warn(p, ds)
+    return p
+
+
+def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: DatasetPreview,
+               row: Row, n: int) -> None:
+    if row.error is not None:
+        p.rows_invalid += 1
+        p.invalid_reasons[_reason_kind(row.error.reason)] += 1
+        if len(p.invalid_examples) < 10:
+            p.invalid_examples.append(str(row.error))
+        return
+    conv = row.conversation
+    assert conv is not None
+    p.rows_readable += 1
+    if conv.tools:
+        p.conversations_with_tools += 1
+        p.tool_names.update(t["function"]["name"] for t in conv.tools)
+    p.dataset_tool_calls += sum(len(m.get("tool_calls") or ()) for m in conv.messages)
+    if conv.messages and conv.messages[0].get("role") == "system" and not conv.tools:
+        text = conv.messages[0].get("content")
+        if isinstance(text, str) and len(_TOOL_DUMP.findall(text)) >= 2:
+            p.warnings.append(
+                f"conversation {conv.id}: the system text looks like it holds tool definitions, "
+                "but no tools were found; they would reach the model as plain text, not as "
+                "the tools parameter (format = \"glaive\"? or give the row a `tools` field)")
+    for req in planned_requests(conv, ds.turns):
+        try:
+            ids = renderer.prompt_ids(req.messages, req.tools)
+        except RenderError:
+            p.render_errors += 1
+            continue
+        p.requests += 1
+        p.prompt_tokens += len(ids)
+        p.max_prompt_tokens = max(p.max_prompt_tokens, len(ids))
+        if len(p.samples) < n and (not p.samples or p.samples[-1].conversation_id != conv.id):
+            p.samples.append(_sample(cfg, ds, renderer, conv, row.index, req, ids))
+
+
+def planned_requests(conv: Conversation, turns: str) -> list[TurnRequest]:
+    """The requests a run would make if the model answered as the dataset did."""
+    answers: dict[int, AssistantMessage] = {}
+    out: list[TurnRequest] = []
+    while True:
+        step = next_request(conv, answers, turns)
+        if isinstance(step, End):
+            return out
+        out.append(step)
+        if step.turn >= len(conv.messages):
+            return out
+        answers[step.turn] = AssistantMessage.from_openai(conv.messages[step.turn])
+
+
+def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Conversation,
+            row: int, req: TurnRequest, prompt_ids: list[int]) -> SamplePreview:
+    body = build_request(cfg, ds, req)
+    completion: list[int] = []
+    answer = "model"
+    if req.turn < len(conv.messages):
+        msg = conv.messages[req.turn]
+        try:
+            completion = renderer.completion_ids(msg, context=req.messages, tools=req.tools)
+            answer = "dataset"
+        except RenderError:
+            completion = []
+    base = cfg.endpoint.base_url[0]
+    url = "(the built-in simulator)/chat/completions" if base == "sim" else (
+        base.rstrip("/") + "/chat/completions")
+    return SamplePreview(conversation_id=conv.id, row=row, turn=req.turn, url=url,
+                         headers=request_headers(cfg), body=body,
+                         input_ids=[*prompt_ids, *completion], n_prompt=len(prompt_ids),
+                         answer=answer)
+
+
+def request_headers(cfg: RunConfig) -> dict[str, str]:
+    """The request headers with every secret redacted."""
+    headers = {"Content-Type": "application/json"}
+    env = cfg.endpoint.api_key_env
+    if env and not cfg.endpoint.is_sim:
+        state = "set" if os.environ.get(env) else "NOT SET"
+        headers["Authorization"] = f"Bearer <redacted: ${env}, {state}>"
+    for key, value in cfg.endpoint.headers.items():
+        headers[key] = "<redacted>" if SECRET_HEADER.search(key) else value
+    if cfg.endpoint.return_token_ids:
+        headers.setdefault("X-Specgen-Return-Token-Ids", "1")
+    return headers
+
+
+def known_prices(cfg: RunConfig, *, fetch: bool = False):
+    """(Prices, origin in words): [budget] first, then the simulator's providers or (fetch) the
+    endpoint list, at the highest price of an endpoint the provider policy allows."""
+    from .engine.budget import resolve_prices
+    from .engine.policy import ProviderPolicy
+
+    b = cfg.budget
+    endpoints = []
+    origin = "the endpoint list"
+    if b.prompt_price_per_m is None or b.completion_price_per_m is None:
+        if cfg.endpoint.is_sim:
+            endpoints, origin = _sim_endpoints(cfg), "the simulator's providers"
+        elif fetch:
+            endpoints = _fetch_endpoints(cfg)
+    policy = ProviderPolicy(cfg.endpoint.provider, endpoints)
+    prices = resolve_prices(b.prompt_price_per_m, b.completion_price_per_m,
+                            policy.max_prices() if endpoints else None)
+    words = {"config": "[budget]", "endpoints": f"{origin}, highest allowed endpoint",
+             "config+endpoints": f"[budget] and {origin}"}
+    return prices, words.get(prices.source, "unknown")
+
+
+def _sim_endpoints(cfg: RunConfig):
+    from .engine.policy import Endpoint
+    from .sim.config import SimConfig, load_sim_config
+
+    sim = load_sim_config(cfg.sim.config) if cfg.sim.config else SimConfig()
+    return [Endpoint(provider_name=p.name, tag=p.tag, quantization=p.quantization,
+                     prompt_price=p.prompt_price(), completion_price=p.completion_price())
+            for p in sim.providers if not p.models or _serves(p.models, cfg.target.model)]
+
+
+def _serves(models: list[str], model: str) -> bool:
+    return any(model == m or model.startswith(m + "-") for m in models)
+
+
+def _fetch_endpoints(cfg: RunConfig):
+    """GET {base}/models/{model}/endpoints (free, no key sent)."""
+    from .engine.policy import parse_endpoints
+
+    url = f"{cfg.endpoint.base_url[0].rstrip('/')}/models/{quote(cfg.target.model, safe='/')}/endpoints"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(
+                url, headers={"User-Agent": "specgen-preview"}), timeout=20) as r:
+            return parse_endpoints(json.loads(r.read()))
+    except (urllib.error.URLError, OSError, ValueError):
+        return []
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its row-specific details, for counting."""
+    reason = re.sub(r"^row \d+: ", "", reason)
+    reason = re.sub(r"\[\d+\]", "[i]", reason)
+    reason = re.sub(r"message \d+", "message i", reason)
+    reason = re.sub(r"'[^']*'", "'…'", reason)
+    reason = re.sub(r": line \d+ column \d+ \(char \d+\)", "", reason)
+    reason = re.sub(r" at offset \d+ \(near .*\)$", "", reason)
+    return reason[:160]
+
+
+def _warn(p: DatasetPreview, ds: DatasetConfig) -> None:
+    if len(p.warnings) > 3:
+        more = len(p.warnings) - 3
+        p.warnings = p.warnings[:3] + [f"... and {more} more such conversations"]
+    if p.rows_invalid and not ds.skip_invalid:
+        p.warnings.append(f"{p.rows_invalid} invalid row(s): the run stops at the first one "
+                          "(set skip_invalid = true to skip and record them)")
+    if p.dataset_tool_calls and not p.conversations_with_tools:
+        p.warnings.append("the dataset has tool calls but declares no tools")
+    if p.render_errors:
+        p.warnings.append(f"{p.render_errors} request(s) cannot be rendered by the target's chat "
+                          "format (the run fails those conversations)")
