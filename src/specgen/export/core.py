@@ -197,11 +197,13 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
                    files: list[dict[str, Any]]) -> dict[str, Any]:
     from .. import __version__
 
-    per = {d: asdict(t) for d, t in totals.items()}
     total = DatasetTotals()
     for t in totals.values():
         for k in asdict(total):
             setattr(total, k, getattr(total, k) + getattr(t, k))
+    for t in (total, *totals.values()):
+        t.cost_usd = round(t.cost_usd, 10)  # no float-sum noise in the manifest
+    per = {d: asdict(t) for d, t in totals.items()}
     options = asdict(opts)
     options["out"] = str(out)
     return {
