@@ -145,3 +145,16 @@ def test_cli(run, tmp_path, capsys):
     assert main(["report", str(run)]) == 0
     assert (run / "report.html").exists()
     assert main(["report", str(tmp_path / "none")]) == 2
+
+
+def test_every_chart_is_well_formed_svg(run):
+    import re
+    import xml.etree.ElementTree as ET
+
+    html = build_report(run)
+    charts = re.findall(r"<svg .*?</svg>", html, flags=re.S)
+    assert len(charts) >= 8
+    for svg in charts:
+        root = ET.fromstring(svg)  # raises on malformed markup
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert root.find("{http://www.w3.org/2000/svg}rect") is not None

@@ -69,7 +69,8 @@ def histogram(bins: list[tuple[float, float, int]], *, title: str, x_label: str,
     for i in range(0, len(bins) + 1, step):
         x = left + i * bw
         lo = bins[i][0] if i < len(bins) else bins[-1][1]
-        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="middle" {FONT}>'
+        anchor = "end" if i == len(bins) else "middle"
+        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="{anchor}" {FONT}>'
                    f'{fmt_num(lo)}</text>')
     out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" {FONT}>'
                f'{escape(x_label)}</text></svg>')
@@ -104,9 +105,13 @@ def stacked_time_bars(series: dict[str, list[int]], *, title: str, t_labels: lis
                        f'width="{max(bw - 1, 0.5):.1f}" height="{h:.1f}" '
                        f'fill="{PALETTE[k % len(PALETTE)]}"><title>{escape(t_labels[i])} '
                        f'{escape(name)}: {counts[i]}</title></rect>')
-    for i in (0, n // 2, n - 1) if n > 2 else range(n):
-        out.append(f'<text x="{left + (i + 0.5) * bw:.1f}" y="{top + plot_h + 14}" '
-                   f'text-anchor="middle" {FONT}>{escape(t_labels[i])}</text>')
+    for i in sorted({0, n // 2, n - 1}):
+        # the outer labels align to the plot's edges so they are never clipped
+        x, anchor = ((left, "start") if i == 0 and n > 1 else
+                     (left + plot_w, "end") if i == n - 1 and n > 1 else
+                     (left + (i + 0.5) * bw, "middle"))
+        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="{anchor}" {FONT}>'
+                   f'{escape(t_labels[i])}</text>')
     for k, name in enumerate(series):
         x = (k % 3) * (width // 3)
         y = height + 16 * (k // 3)
