@@ -126,6 +126,7 @@ class EngineConfig:
     heartbeat_interval: float = 2.0  # seconds between session heartbeats in the store
     log_interval: float = 10.0  # seconds between plain progress lines (no TTY / log file)
     drain_timeout: float = 60.0  # on a first stop: wait this long for in-flight requests
+    commit_thread: bool = True  # commit in a worker thread (the loop keeps serving sockets)
 
 
 @dataclass

@@ -41,11 +41,13 @@ CREATE TABLE IF NOT EXISTS conversations(
   row_index INTEGER NOT NULL, status TEXT NOT NULL, end_reason TEXT, data BLOB NOT NULL,
   UNIQUE(dataset, conv_id));
 CREATE INDEX IF NOT EXISTS conversations_status ON conversations(status);
+CREATE INDEX IF NOT EXISTS conversations_dataset_status ON conversations(dataset, status);
 CREATE TABLE IF NOT EXISTS tasks(
   id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL REFERENCES conversations(id),
   dataset TEXT NOT NULL, turn INTEGER NOT NULL, status TEXT NOT NULL,
   attempts INTEGER NOT NULL DEFAULT 0, error TEXT, UNIQUE(conversation, turn));
 CREATE INDEX IF NOT EXISTS tasks_status ON tasks(status);
+CREATE INDEX IF NOT EXISTS tasks_dataset_status ON tasks(dataset, status);
 CREATE TABLE IF NOT EXISTS attempts(
   id INTEGER PRIMARY KEY, task INTEGER NOT NULL, session INTEGER, base_url TEXT,
   provider TEXT, model TEXT, started_at REAL, first_byte_at REAL, ended_at REAL,
@@ -364,12 +366,13 @@ class Store:
         return out
 
     def result_totals(self) -> dict[str, dict[str, float]]:
-        """Tokens and cost of the kept samples, per dataset."""
+        """Tokens and cost of the kept samples, per dataset (from their 'ok' attempts: each
+        result has exactly one, and the attempts table is narrow, unlike results)."""
         out: dict[str, dict[str, float]] = {}
         for ds, n, pt, ct, cost in self.conn.execute(
                 "SELECT dataset, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
                 "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0) "
-                "FROM results GROUP BY dataset"):
+                "FROM attempts WHERE outcome='ok' GROUP BY dataset"):
             out[ds] = {"samples": n, "prompt_tokens": pt, "completion_tokens": ct,
                        "cost_usd": cost}
         return out

@@ -61,6 +61,9 @@ def print_summary(status: dict, state: str, reason: str) -> None:
         print(f"  {name}: {d['done']} done, {d['failed']} failed, {d['quarantined']} "
               f"quarantined, {d['pending']} pending; {d['completion_tokens']:,} completion "
               f"tokens, ${d['cost_usd']:.4f}")
-    print(f"  total cost ${status['cost_usd']:.4f}; store {status['run_dir']}/state.sqlite")
+    import os
+
+    run_dir = os.path.normpath(status["run_dir"])
+    print(f"  total cost ${status['cost_usd']:.4f}; store {run_dir}/state.sqlite")
     if state != "finished":
         print("  rerun the same command to resume")

@@ -49,7 +49,7 @@ def print_status(s: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
     head = f"[bold]{s['run_dir']}[/bold]  state [cyan]{s['state']}[/cyan]"
     if s["pid"]:
         head += f"  pid {s['pid']}"

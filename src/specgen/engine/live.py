@@ -71,7 +71,9 @@ def snapshot(engine: Engine) -> dict[str, Any]:
             eta = remaining / rps
     return {
         "elapsed": time.monotonic() - st.started,
-        "state": engine.stopping or ("failing" if engine.fatal else "running"),
+        "state": engine.final_state or (
+            {"drain": "draining", "now": "stopping now"}.get(engine.stopping or "")
+            or ("failing" if engine.fatal else "running")),
         "in_flight": len(engine.inflight), "limit": engine.limit.limit,
         "max_concurrency": engine.limit.maximum, "backoffs": engine.limit.backoffs,
         "retrying": len(engine.retries), "rps": rps, "tps": tps,

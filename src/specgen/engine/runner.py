@@ -50,7 +50,7 @@ class RunOptions:
     live: bool | None = None  # None: a live view when stderr is a terminal
     argv: list[str] = field(default_factory=list)
     stages: Stages | None = None  # tests may pass their own; default: the real stages
-    threaded_commits: bool = True
+    threaded_commits: bool | None = None  # None: [engine] commit_thread
 
 
 def _is_local(url: str) -> bool:
@@ -175,7 +175,9 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                             session_id=session_id, shard=shard,
                             drain_timeout=opts.drain_timeout,
                             dialect_url=_dialect_url(cfg, policy),
-                            threaded_commits=opts.threaded_commits)
+                            threaded_commits=(cfg.engine.commit_thread
+                                              if opts.threaded_commits is None
+                                              else opts.threaded_commits))
             t0 = time.monotonic()
             engine.load(retry_failed=opts.retry_failed)
             log.info("session %d started: %s; resumed state in %.2fs (%d open conversations)",

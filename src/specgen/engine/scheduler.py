@@ -103,6 +103,7 @@ class Engine:
         self.fatal: str | None = None  # why the run must stop (fatal error, bad row)
         self.events_logged: set[tuple[str, str]] = set()
         self.rejected_in_a_row = 0
+        self.final_state: str | None = None  # set when the session ends
         self.started_at = time.time()
 
     # ---------------------------------------------------------------------------------------
@@ -813,6 +814,7 @@ class Engine:
             if limited:
                 parts.append("limit reached: " + ", ".join(ds.name for ds in limited))
             reason = "; ".join(parts) or "all datasets done"
+        self.final_state = state
         self._event("session_end", None, None, f"{state}: {reason}")
         self.stage_datasets()
         self.writer.batch.session = (time.time(), state, reason, time.time(), self.session_id)
