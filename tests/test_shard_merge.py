@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -130,8 +131,15 @@ def test_raw_mode_true_id_mismatches_are_measured(runs, tmp_path):
     (d / "sim-raw.toml").write_text('text_mode = "raw"\nraw_rate = 0.5\n' + SIM)
     cfg = d / "raw.toml"
     cfg.write_text(CONFIG.format(run_dir="raw").replace('config = "sim.toml"',
-                                                        'config = "sim-raw.toml"'))
+                                                        'config = "sim-raw.toml"')
+                   # answers cut at max_tokens and kept: stored without a stop token
+                   + '[[dataset]]\nname = "cut"\npath = "single.jsonl"\nmax_tokens = 12\n'
+                     'on_length = "keep"\n')
     specgen("run", str(cfg), "--no-live", cwd=d)
+    conn = sqlite3.connect(d / "raw" / "state.sqlite")
+    assert conn.execute("SELECT COUNT(*) FROM results WHERE dataset = 'cut' "
+                        "AND finish_reason = 'length'").fetchone()[0] > 0
+    conn.close()
     r = verify_run(d / "raw")
     s = r.true_completion
     assert not r.failures  # our ids are the canonical render: every check passes

@@ -205,3 +205,36 @@ def test_real_kimi_tokenizer_run_verifies(tmp_path):
                       tokenizer=str(kimi), turns="all", true_ids=True)
     r = verify_run(run)
     assert r.ok and r.samples == 9
+
+
+def test_answers_cut_at_max_tokens_verify(run):
+    """on_length = "keep": the stored ids hold no stop token (and no `</think>` when the answer
+    stopped inside its reasoning); verify expects exactly that."""
+    tok = load_tokenizer("demo")
+    conn = sqlite3.connect(run / "state.sqlite")
+    rows = conn.execute("SELECT task, n_prompt, input_ids FROM results WHERE dataset='chat' "
+                        "ORDER BY task LIMIT 2").fetchall()
+    # 1. cut in the content: the render less its final <|im_end|>
+    task, n, blob = rows[0]
+    ids = unpack_ids(blob)
+    conn.execute("UPDATE results SET finish_reason='length', input_ids=?, true_completion_ids=? "
+                 "WHERE task=?", (pack_ids(ids[:-1]), pack_ids(ids[n:-1]), task))
+    # 2. cut inside the reasoning: reasoning text only, no </think>, empty content
+    task2, n2, blob2 = rows[1]
+    ids2 = unpack_ids(blob2)
+    cut = tok.encode("partial thou")
+    msg = {"role": "assistant", "content": "", "reasoning_content": "partial thou"}
+    conn.execute("UPDATE results SET finish_reason='length', message=?, input_ids=?, "
+                 "true_completion_ids=? WHERE task=?",
+                 (json.dumps(msg), pack_ids(ids2[:n2] + cut), pack_ids(cut), task2))
+    conn.commit()
+    r = verify_run(run)
+    assert r.ok, r.problems
+    assert r.true_completion.mismatched == 0
+    # a cut answer that still holds a stop token is wrong
+    conn.execute("UPDATE results SET input_ids=? WHERE task=?", (blob, task))
+    conn.commit()
+    conn.close()
+    r = verify_run(run)
+    assert any(p.task == task and p.check == "specials" and "cut at max_tokens" in p.detail
+               for p in r.problems)

@@ -253,6 +253,10 @@ class SampleChecker:
             return problems
         want_prompt = sample.input_ids[: sample.n_prompt]
         want_completion = sample.input_ids[sample.n_prompt:]
+        truncated = row.finish_reason == "length"  # kept at max_tokens: no stop token sampled
+        if truncated:
+            want_completion = self._truncated(row, messages, tools, ids[sample.n_prompt:])
+            completion_text = self.tok.decode(want_completion)
         if not 0 <= n_prompt <= len(ids):
             problem("mask", f"n_prompt {n_prompt} outside the sample (length {len(ids)})")
             return problems
@@ -269,27 +273,43 @@ class SampleChecker:
             problem("text", "prompt ids do not decode to the rendered prompt text")
         if self.tok.decode(got_completion) != completion_text:
             problem("text", "completion ids do not decode to the rendered completion text")
-        self._check_specials(row, got_prompt, want_prompt, got_completion, problem)
+        self._check_specials(row, got_prompt, want_prompt, got_completion, problem, truncated)
         self._check_parse(row, got_completion, problem)
         self._true_ids(row, got_prompt, got_completion, report)
         return problems
 
-    def _check_specials(self, row, got_prompt, want_prompt, completion, problem) -> None:
+    def _truncated(self, row: ResultRow, messages, tools, got: list[int]) -> list[int]:
+        """What the model sampled for an answer cut at max_tokens (normalize's rule: the
+        completion less its stop token, and less `</think>` when it stopped mid-reasoning)."""
+        from .normalize import Normalized, sampled_completion_ids
+
+        msg = AssistantMessage.from_openai(row.message)
+        options = [sampled_completion_ids(
+            self.renderer, Normalized(msg, truncated=True, reasoning_closed=closed),
+            context=messages, tools=tools) for closed in (True, False)]
+        return next((o for o in options if o == got), options[0])
+
+    def _check_specials(self, row, got_prompt, want_prompt, completion, problem,
+                        truncated: bool) -> None:
         stops = [i for i, t in enumerate(completion) if t in self.stop_ids]
-        if len(stops) != 1 or stops[0] != len(completion) - 1:
+        if truncated:
+            if stops:
+                problem("specials", f"answer cut at max_tokens holds {len(stops)} stop token(s)")
+        elif len(stops) != 1 or stops[0] != len(completion) - 1:
             problem("specials", f"completion holds {len(stops)} stop token(s)"
                                 f"{' not at its end' if len(stops) == 1 else ''}; expected one, last")
         calls = len(row.message.get("tool_calls") or ())
-        if None not in self.section:
-            opens, closes = (completion.count(t) for t in self.section)
-            if opens != closes or opens != (1 if calls else 0):
-                problem("specials", f"tool-call section markers {opens} open / {closes} close "
-                                    f"for {calls} tool call(s)")
-        if None not in self.call:
-            counts = [completion.count(t) for t in self.call]
-            if any(c != calls for c in counts):
-                problem("specials", f"tool-call markers begin/argument/end {counts} for "
-                                    f"{calls} tool call(s)")
+        if not truncated:  # a cut answer may end inside a tool-call section
+            if None not in self.section:
+                opens, closes = (completion.count(t) for t in self.section)
+                if opens != closes or opens != (1 if calls else 0):
+                    problem("specials", f"tool-call section markers {opens} open / {closes} "
+                                        f"close for {calls} tool call(s)")
+            if None not in self.call:
+                counts = [completion.count(t) for t in self.call]
+                if any(c != calls for c in counts):
+                    problem("specials", f"tool-call markers begin/argument/end {counts} for "
+                                        f"{calls} tool call(s)")
         specials = self.tok.id_to_special
         got = Counter(t for t in got_prompt if t in specials)
         want = Counter(t for t in want_prompt if t in specials)

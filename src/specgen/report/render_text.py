@@ -5,6 +5,7 @@ from __future__ import annotations
 from .sections import Section
 
 BAR = 40
+CELL = 110  # longest cell shown in the terminal (long error messages are clipped)
 
 
 def render_text(sections: list[Section], title: str) -> str:
@@ -41,7 +42,8 @@ def _s(v) -> str:
         return "—"
     if isinstance(v, float):
         return f"{v:.4g}"
-    return str(v)
+    s = str(v)
+    return s if len(s) <= CELL else s[: CELL - 1] + "…"
 
 
 def _numeric(c: str) -> bool:
