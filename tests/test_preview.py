@@ -234,3 +234,17 @@ def test_request_headers_redact_anything_secret_looking(tmp_path):
     assert h["X-Specgen-Return-Token-Ids"] == "1"
     cfg.endpoint.api_key_env = "SPECGEN_TEST_UNSET_KEY"
     assert request_headers(cfg)["Authorization"] == "Bearer <redacted: $SPECGEN_TEST_UNSET_KEY, NOT SET>"
+
+
+def test_token_budget_and_dollar_cap_bound_the_worst_case(tmp_path, capsys):
+    cfg_path = write_config(tmp_path, [{"name": "r", "path": str(EXAMPLES / "reasoning.jsonl"),
+                                        "token_budget": 5000}], endpoint='base_url = "sim"',
+                            extra="[budget]\nmax_cost_usd = 0.01")
+    code, out = run_json(capsys, cfg_path, "-n", "0")
+    (d,) = out["datasets"]
+    assert d["worst_case_completion_tokens"] == 5000 < d["estimated_requests"] * 1000
+    assert out["max_cost_usd"] == 0.01
+    assert main(["preview", str(cfg_path), "-n", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "capped by token_budget = 5,000" in text
+    assert "but the run stops at [budget] max_cost_usd = $0.01" in text

@@ -74,6 +74,7 @@ class DatasetPreview:
     complete: bool = True  # every row was scanned (no extrapolation)
     max_tokens: int = 0
     limit: int | None = None
+    token_budget: int | None = None  # completion tokens the dataset may use
     warnings: list[str] = field(default_factory=list)
     samples: list[SamplePreview] = field(default_factory=list)
     error: str | None = None  # the dataset cannot be read at all
@@ -97,9 +98,14 @@ class DatasetPreview:
     def est_prompt_tokens(self) -> int:
         return round(self.prompt_tokens * self.scale)
 
+    @property
+    def worst_completion_tokens(self) -> int:
+        """Every planned request answered with max_tokens (capped by the token budget)."""
+        tokens = self.est_requests * self.max_tokens
+        return tokens if self.token_budget is None else min(tokens, self.token_budget)
+
     def worst_case_cost(self, prices) -> float | None:
-        """Every planned request answered with max_tokens completion tokens."""
-        return prices.cost(self.est_prompt_tokens, self.est_requests * self.max_tokens)
+        return prices.cost(self.est_prompt_tokens, self.worst_completion_tokens)
 
     def to_json(self, prices) -> dict[str, Any]:
         return {
@@ -118,7 +124,8 @@ class DatasetPreview:
             "max_prompt_tokens": self.max_prompt_tokens, "render_errors": self.render_errors,
             "estimated_requests": self.est_requests,
             "estimated_prompt_tokens": self.est_prompt_tokens,
-            "max_tokens": self.max_tokens,
+            "max_tokens": self.max_tokens, "token_budget": self.token_budget,
+            "worst_case_completion_tokens": self.worst_completion_tokens,
             "worst_case_cost_usd": self.worst_case_cost(prices),
             "warnings": self.warnings,
             "samples": [{
@@ -137,8 +144,10 @@ class Preview:
     prices: Any  # specgen.engine.budget.Prices
     dialect: str
     price_origin: str = "unknown"  # where the prices came from, in words
+    max_cost_usd: float | None = None  # the run's dollar cap ([budget] max_cost_usd)
 
     def total_cost(self) -> float | None:
+        """Worst case over the datasets, before the run's dollar cap."""
         costs = [d.worst_case_cost(self.prices) for d in self.datasets if d.error is None]
         return None if any(c is None for c in costs) else sum(costs)  # type: ignore[misc]
 
@@ -154,13 +163,14 @@ def preview(
                        f"{', '.join(d.name for d in cfg.datasets)})")
     out = [preview_dataset(cfg, d, renderer, n=n, scan=scan) for d in chosen]
     prices, origin = known_prices(cfg, fetch=fetch_prices)
-    return Preview(out, prices, request_dialect(cfg), origin)
+    return Preview(out, prices, request_dialect(cfg), origin, cfg.budget.max_cost_usd)
 
 
 def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n: int,
                     scan: int) -> DatasetPreview:
     p = DatasetPreview(name=ds.name, path=str(ds.path), format=ds.format, turns=ds.turns,
-                       max_tokens=cfg.max_tokens_for(ds), limit=ds.limit)
+                       max_tokens=cfg.max_tokens_for(ds), limit=ds.limit,
+                       token_budget=ds.token_budget)
     try:
         if ds.format == "auto":
             p.format = f"{detect_dataset_format(ds)} (detected)"

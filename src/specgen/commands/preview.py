@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                "renderer": cfg.target.renderer, "dialect": result.dialect,
                "prices": {**result.prices.to_json(), "origin": result.price_origin},
                "worst_case_cost_usd": result.total_cost(),
+               "max_cost_usd": result.max_cost_usd,
                "datasets": [d.to_json(result.prices) for d in result.datasets]}
         sys.stdout.write(json.dumps(out, ensure_ascii=False, indent=1) + "\n")
     else:
@@ -96,7 +97,7 @@ class Printer:
         self.tok = tokenizer
         self.result = result
         self.full = full
-        self.console = Console(highlight=False, no_color=not color, soft_wrap=True)
+        self.console = Console(highlight=False, markup=False, no_color=not color, soft_wrap=True)
         self.styled = color and self.console.is_terminal and not self.console.no_color
 
     def print(self) -> None:
@@ -110,9 +111,16 @@ class Printer:
             self._dataset(d)
         total = r.total_cost()
         c.print()
-        c.print(self._b("worst case, all datasets: ") + (
-            f"${total:,.2f}" if total is not None else "unknown (no prices: set [budget] "
-            "prompt_price_per_m / completion_price_per_m, or --fetch-prices)"))
+        if total is None:
+            text = ("unknown (no prices: set [budget] prompt_price_per_m / "
+                    "completion_price_per_m, or --fetch-prices)")
+        else:
+            text = f"${total:,.2f}"
+            if r.max_cost_usd is not None and total > r.max_cost_usd:
+                text += f", but the run stops at [budget] max_cost_usd = ${r.max_cost_usd:,.2f}"
+            elif r.max_cost_usd is not None:
+                text += f" (within [budget] max_cost_usd = ${r.max_cost_usd:,.2f})"
+        c.print(self._b("worst case, all datasets: ") + text)
 
     # -- sections -------------------------------------------------------------------------
     def _dataset(self, d) -> None:
@@ -140,7 +148,9 @@ class Printer:
                 f"tokens (largest prompt {d.max_prompt_tokens:,})")
         cost = d.worst_case_cost(self.result.prices)
         cost_s = f"${cost:,.2f}" if cost is not None else "unknown (no prices)"
-        c.print(f"  worst    {cost_s}: every request answered with max_tokens = {d.max_tokens:,}")
+        cap = "" if d.token_budget is None else (
+            f", capped by token_budget = {d.token_budget:,} completion tokens")
+        c.print(f"  worst    {cost_s}: every request answered with max_tokens = {d.max_tokens:,}{cap}")
         for reason, count in d.invalid_reasons.most_common(8):
             c.print(f"  skipped  {count} x {reason}")
         for ex in d.invalid_examples[:3]:
@@ -164,7 +174,7 @@ class Printer:
         if self.styled:
             c.print(JSON(body, indent=2))
         else:
-            c.print(body, markup=False)
+            c.print(body)
         n_answer = len(s.input_ids) - s.n_prompt
         what = ("the dataset's own answer stands in for the model's" if s.answer == "dataset"
                 else "the model's answer goes here")
