@@ -23,6 +23,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import gc
     import json
     import resource
     import signal
@@ -62,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"specgen sim: cannot listen on {args.host}:{args.port}: {exc.strerror}",
                   file=sys.stderr)
             return 2
+        # The tokenizer and text bank live as long as the process: keep the collector from
+        # scanning them again and again.
+        gc.freeze()
         print(f"specgen sim listening on {server.root_url}", flush=True)
         print(f"base_url: {server.url}  (stats: {server.root_url}/sim/stats; Ctrl-C stops)",
               flush=True)

@@ -39,6 +39,8 @@ class ChatRequest:
     params: set[str]
     want_ids: bool
     seed: int | None
+    prior_tool_calls: int  # tool calls in the conversation so far (k of functions.name:k)
+    history_tool: str | None  # name of the last tool called in the conversation
 
 
 def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -> ChatRequest:
@@ -118,7 +120,20 @@ def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -
         params={("max_tokens" if k == "max_completion_tokens" else k)
                 for k in body if k in PARAMETER_NAMES},
         want_ids=want or ids_header, seed=seed,
+        prior_tool_calls=sum(len(m.get("tool_calls") or ()) for m in messages
+                             if m["role"] == "assistant" and isinstance(m.get("tool_calls"), list)),
+        history_tool=_history_tool(messages),
     )
+
+
+def _history_tool(messages: list[dict[str, Any]]) -> str | None:
+    for m in reversed(messages):
+        calls = m.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+            if isinstance(name, str) and name:
+                return name
+    return None
 
 
 def _served_model(name: str, cfg: SimConfig) -> str | None:

@@ -67,6 +67,9 @@ class FaultRates:
         """(name, rate) pairs in declaration order (a dataclass's __dict__ keeps it)."""
         return vars(self).items()
 
+    def values(self):
+        return vars(self).values()
+
 
 @dataclass
 class QuirkRates:

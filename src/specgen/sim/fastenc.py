@@ -33,13 +33,15 @@ class FastEncoder:
         self._short: dict[str, list[int]] = {}  # role names and other short pieces
         self._special = dict(tokenizer.special_tokens)
         self._lengths = sorted({len(s) for s in self._special}, reverse=True)
-        # When every special token ends with its only ">" or "]" (Kimi's do), the candidate
-        # at a "<" or "[" is the text up to the next closing character: one lookup.
-        self._closing = {"<": ">", "[": "]"}
-        self._by_closing = all(
-            len(s) > 1 and s[0] in self._closing and s.find(self._closing[s[0]]) == len(s) - 1
-            for s in self._special
-        )
+        # When every special token is "<...>" or "[...]" with no other bracket inside (Kimi's
+        # are), one C-level split finds every candidate; a dict lookup decides.
+        opening = {"<": ">", "[": "]"}
+        self._split = None
+        if self._special and all(
+            len(s) > 1 and s[0] in opening and s[-1] == opening[s[0]]
+            and not any(c in "<>[]" for c in s[1:-1]) for s in self._special
+        ):
+            self._split = re.compile(r"([<\[][^<>\[\]]*[>\]])").split
         starts = sorted({s[0] for s in self._special if s})
         self._starts = re.compile("[" + "".join(re.escape(c) for c in starts) + "]") if starts else None
         # A special that is a prefix of another would make "longest match" ambiguous. In
@@ -66,24 +68,16 @@ class FastEncoder:
         return self._encode(text)
 
     def _encode(self, text: str) -> list[int]:
+        if self._split is not None:
+            return self._encode_split(text)
         if self._starts is None:
             return self._ordinary(text)
         out: list[int] = []
         pos = 0
         special = self._special
-        closing = self._closing if self._by_closing else None
         for m in self._starts.finditer(text):
             p = m.start()
             if p < pos:
-                continue
-            if closing is not None:
-                q = text.find(closing[text[p]], p + 1)
-                tid = special.get(text[p:q + 1]) if q > 0 else None
-                if tid is not None:
-                    if p > pos:
-                        out += self._ordinary(text[pos:p])
-                    out.append(tid)
-                    pos = q + 1
                 continue
             for n in self._lengths:
                 tid = special.get(text[p:p + n])
@@ -95,6 +89,26 @@ class FastEncoder:
                     break
         if pos < len(text):
             out += self._ordinary(text[pos:] if pos else text)
+        return out
+
+    def _encode_split(self, text: str) -> list[int]:
+        parts = self._split(text)
+        if len(parts) == 1:
+            return self._ordinary(text) if text else []
+        special = self._special
+        out: list[int] = []
+        plain = parts[0]  # plain text not yet encoded (candidates that are not special join it)
+        for k in range(1, len(parts), 2):
+            tid = special.get(parts[k])
+            if tid is None:
+                plain += parts[k] + parts[k + 1]
+                continue
+            if plain:
+                out += self._ordinary(plain)
+            out.append(tid)
+            plain = parts[k + 1]
+        if plain:
+            out += self._ordinary(plain)
         return out
 
 

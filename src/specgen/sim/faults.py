@@ -37,7 +37,10 @@ _MESSAGES = {
 
 
 def draw(rates: FaultRates, rng: random.Random) -> str | None:
-    """The fault for this request, or None (one uniform draw)."""
+    """The fault for this request, or None (one uniform draw; none at all when every rate
+    is zero)."""
+    if not any(rates.values()):
+        return None
     u = rng.random()
     acc = 0.0
     for name, rate in rates.items():

@@ -38,9 +38,11 @@ EFFORT_FACTOR = {"none": 0.0, "minimal": 0.25, "low": 0.5, "medium": 1.0, "high"
 class GenRequest:
     """What the model sees of a request (already validated)."""
 
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # needed only when ids are encoded from text (not `fast`)
     tools: list[dict[str, Any]] | None
     thinking: bool
+    prior_tool_calls: int = 0  # tool calls earlier in the conversation
+    history_tool: str | None = None  # the last tool called earlier in the conversation
     tool_choice: Any = None
     parallel_tool_calls: bool = True
     effort: str | None = None
@@ -57,6 +59,8 @@ class Generated:
     renderer: Renderer
     resegmented: int = 0  # tokens split by raw mode (0 = canonical)
     tool_calls: int = 0  # tool calls the model wrote
+    marks: list[int] | None = None  # positions of the special tokens in ids, when known
+    known: dict[int, tuple[int, str]] | None = None  # start -> (end, text) of text runs
 
 
 class Model:
@@ -103,27 +107,35 @@ class Model:
             content_n = max(1, total - reasoning_n)
         r_text, r_ids = self.bank.text(rng, reasoning_n) if thinking else ("", [])
         c_text, c_ids = self.bank.text(rng, content_n)
-        msg = AssistantMessage(content=c_text, reasoning=r_text if thinking else None,
-                               tool_calls=tuple(calls))
+        marks: list[int] | None = None
+        known: dict[int, tuple[int, str]] | None = None
         if self.fast:
-            ids = self._assemble(renderer, thinking, r_ids, c_ids, calls)
+            ids, marks, spans = self._assemble(renderer, thinking, r_ids, c_ids, calls)
+            known = {}
+            if r_ids:
+                known[spans[0]] = (spans[0] + len(r_ids), r_text)
+            if c_ids:
+                known[spans[1]] = (spans[1] + len(c_ids), c_text)
         else:
+            msg = AssistantMessage(content=c_text, reasoning=r_text if thinking else None,
+                                   tool_calls=tuple(calls))
             ids = self.tok.encode(renderer.completion_text(msg, context=req.messages,
                                                           tools=req.tools))
-        out = Generated(ids=ids, thinking=thinking, renderer=renderer, tool_calls=len(calls))
+        out = Generated(ids=ids, thinking=thinking, renderer=renderer, tool_calls=len(calls),
+                        marks=marks, known=known)
         if self.cfg.text_mode == "raw" and rng.random() < self.cfg.raw_rate:
             out.resegmented = self.resegment(ids, rng, rng.randint(1, self.cfg.raw_max_splits))
+            out.marks = out.known = None  # positions moved
         return out
 
     def _tool_calls(self, req: GenRequest, rng: random.Random) -> list[ToolCall]:
-        k = sum(len(m.get("tool_calls") or ()) for m in req.messages
-                if isinstance(m, dict) and m.get("role") == "assistant")
+        k = req.prior_tool_calls
         compact = rng.random() < self.cfg.tool_calls.compact_arguments_rate
         seps = (",", ":") if compact else (", ", ": ")
         if not req.tools:
             if not req.force_raw_tool_call:
                 return []
-            name = _history_tool_name(req.messages) or "search"
+            name = req.history_tool or "search"
             args = {"query": self.bank.words(rng, 3)}
             return [ToolCall(id=f"functions.{name}:{k}", name=name,
                              arguments=json.dumps(args, ensure_ascii=False, separators=seps))]
@@ -150,8 +162,9 @@ class Model:
 
     # -- ids ------------------------------------------------------------------------------
     def _template(self, renderer: Renderer, thinking: bool, calls: Sequence[ToolCall]
-                  ) -> list[tuple[int, list[int]]] | None:
-        """The completion template split at the sentinels: [(0, ids) | (1, R) | (2, C)]."""
+                  ) -> list[tuple[int, list[int], list[int]]] | None:
+        """The completion template split at the sentinels: (0, ids, special positions in
+        them) for template text, (1, [], []) for the reasoning, (2, [], []) for the content."""
         key = (thinking, bool(calls))
         if not calls and key in self._template_cache:
             return self._template_cache[key]
@@ -161,23 +174,41 @@ class Model:
         parts = _SPLIT.split(text)
         if parts.count(_C) != 1 or parts.count(_R) != (1 if thinking else 0):
             return None
-        out = [(1, []) if p == _R else (2, []) if p == _C else (0, self.tok.encode(p))
-               for p in parts if p]
+        special = self._special_ids
+        out = []
+        for p in parts:
+            if p == _R or p == _C:
+                out.append((1 if p == _R else 2, [], []))
+            elif p:
+                ids = self.tok.encode(p)
+                out.append((0, ids, [i for i, t in enumerate(ids) if t in special]))
         if not calls:
             self._template_cache[key] = out
         return out
 
-    def _assemble(self, renderer, thinking, r_ids, c_ids, calls) -> list[int]:
+    def _assemble(self, renderer, thinking, r_ids, c_ids, calls
+                  ) -> tuple[list[int], list[int] | None, list[int]]:
+        """(ids, positions of their special tokens, [reasoning start, content start]);
+        bank text holds no special tokens."""
         parts = self._template(renderer, thinking, calls)
         if parts is None:  # the template moved the sentinels: fall back to a full encode
             msg = AssistantMessage(content=self.tok.decode(c_ids),
                                    reasoning=self.tok.decode(r_ids) if thinking else None,
                                    tool_calls=tuple(calls))
-            return self.tok.encode(renderer.completion_text(msg))
+            return self.tok.encode(renderer.completion_text(msg)), None, [-1, -1]
         ids: list[int] = []
-        for kind, piece in parts:
-            ids += r_ids if kind == 1 else c_ids if kind == 2 else piece
-        return ids
+        marks: list[int] = []
+        starts = [-1, -1]
+        for kind, piece, rel in parts:
+            if kind == 0:
+                if rel:
+                    n = len(ids)
+                    marks += [n + r for r in rel]
+                ids += piece
+            else:
+                starts[kind - 1] = len(ids)
+                ids += r_ids if kind == 1 else c_ids
+        return ids, marks, starts
 
     def _check_template(self, thinking: bool) -> bool:
         """Assembled ids equal the renderer's own completion_ids (with and without calls)."""
@@ -194,7 +225,9 @@ class Model:
                 msg = AssistantMessage(content=c_text, reasoning=r_text if on else None,
                                        tool_calls=calls)
                 want = reference_encode(renderer.completion_text(msg))
-                if self._assemble(renderer, on, r_ids, c_ids, list(calls)) != want:
+                ids, marks, _ = self._assemble(renderer, on, r_ids, c_ids, list(calls))
+                if ids != want or marks != [i for i, t in enumerate(ids)
+                                            if t in self._special_ids]:
                     return False
         return True
 
@@ -237,11 +270,3 @@ class Model:
             self._by_bytes = table
         return self._by_bytes
 
-
-def _history_tool_name(messages: Sequence[dict[str, Any]]) -> str | None:
-    for m in reversed(messages):
-        for call in (m.get("tool_calls") or ()) if isinstance(m, dict) else ():
-            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
-            if isinstance(name, str) and name:
-                return name
-    return None

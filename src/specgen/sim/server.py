@@ -11,9 +11,9 @@ import hashlib
 import logging
 import random
 import socket
-import string
 import struct
 import time
+from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -38,8 +38,7 @@ log = logging.getLogger("specgen.sim")
 KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"
 IDS_HEADER = "X-Specgen-Return-Token-Ids"
-_ALNUM = string.ascii_letters + string.digits
-_SEEN_LIMIT = 1_000_000  # distinct request bodies remembered for the occurrence counter
+_SEEN_LIMIT = 250_000  # distinct request bodies remembered for the occurrence counter
 GENERATION_LOG = 10_000  # completed generations kept for GET /generation
 
 
@@ -63,7 +62,7 @@ class Simulator:
         self.serving = Server(self.tok)
         self.stats = Stats()
         self.spent = 0.0
-        self._seen: dict[bytes, int] = {}
+        self._seen: dict[int, int] = {}
         self._seed_key = hashlib.blake2b(str(self.seed).encode(), digest_size=16).digest()
         self.generations: OrderedDict[str, tuple] = OrderedDict()
         self.started_at = time.time()
@@ -150,15 +149,14 @@ class Simulator:
         gen = self.generations.get(gid)
         if gen is None:
             return _json(404, error_body(404, f"Generation {gid} not found"))
-        provider, usage, model, created, finish, streamed, latency = gen
+        (provider, cost, n_prompt, n_completion, n_reasoning, n_cached, model, created, finish,
+         streamed, latency) = gen
         return _json(200, {"data": {
-            "id": gid, "total_cost": usage["cost"], "provider_name": provider,
+            "id": gid, "total_cost": cost, "provider_name": provider,
             "model": self.cfg.dated(model), "created_at": created,
-            "tokens_prompt": usage["prompt_tokens"], "tokens_completion": usage["completion_tokens"],
-            "native_tokens_prompt": usage["prompt_tokens"],
-            "native_tokens_completion": usage["completion_tokens"],
-            "native_tokens_reasoning": usage["completion_tokens_details"]["reasoning_tokens"],
-            "native_tokens_cached": usage["prompt_tokens_details"]["cached_tokens"],
+            "tokens_prompt": n_prompt, "tokens_completion": n_completion,
+            "native_tokens_prompt": n_prompt, "native_tokens_completion": n_completion,
+            "native_tokens_reasoning": n_reasoning, "native_tokens_cached": n_cached,
             "finish_reason": finish, "native_finish_reason": finish,
             "streamed": streamed, "cancelled": False, "latency": int(latency * 1000),
         }})
@@ -195,7 +193,7 @@ class Simulator:
 
     async def _chat(self, request: web.Request) -> tuple[web.StreamResponse, str]:
         cfg = self.cfg
-        raw = await request.read()
+        raw = await request.content.read()  # (request.read() would keep a copy on the request)
         denied = self._auth(request)
         if denied:
             return denied, "unauthorized"
@@ -207,7 +205,9 @@ class Simulator:
             req = parse_chat_request(body, cfg, ids_header=request.headers.get(IDS_HEADER) == "1")
         except BadRequest as exc:
             return _json(400, error_body(400, str(exc))), "bad_request"
-        rng, content_rng = self._rngs(raw, req.seed)
+        del body
+        rng, answer_seed, content_seed, gen_bits = self._rngs(raw, req.seed)
+        del raw
         if cfg.credit_limit_usd is not None and self.spent >= cfg.credit_limit_usd:
             return _json(402, error_body(
                 402, "This request requires more credits, or fewer max_tokens. You have "
@@ -220,7 +220,7 @@ class Simulator:
                 "code": exc.code, "retryable": False})), "no_endpoints"
         renderer = self.renderers[req.thinking]
         try:
-            prompt_ids = renderer.prompt_ids(req.messages, req.tools)
+            prompt_ids = array("I", renderer.prompt_ids(req.messages, req.tools))
         except (RenderError, NotImplementedError, TypeError, ValueError, KeyError) as exc:
             return _json(400, error_body(400, f"messages could not be rendered: {exc}")), "bad_request"
         n_prompt = len(prompt_ids)
@@ -258,10 +258,13 @@ class Simulator:
 
         quirks = frozenset(q for q, rate in provider.quirks.items()
                            if rate > 0 and rng.random() < rate)
-        ctx = _Ctx(req=req, provider=provider, quirks=quirks, prompt_ids=prompt_ids, rng=rng,
-                   gen_id=f"gen-{int(time.time())}-{''.join(rng.choices(_ALNUM, k=20))}",
-                   created=int(time.time()), latency=latency, fault=fault,
-                   content_rng=content_rng)
+        rng.release()  # nothing more is drawn before the answer: no state held while waiting
+        if self.model.fast:
+            req.messages = []  # the answer needs only what parse_chat_request kept
+        now = time.time()
+        ctx = _Ctx(req=req, provider=provider, quirks=quirks, prompt_ids=prompt_ids,
+                   gen_id=f"gen-{int(now)}-{gen_bits:016x}", created=int(now), latency=latency,
+                   fault=fault, answer_seed=answer_seed, content_seed=content_seed)
         if fault == "slow_first_byte":
             await asyncio.sleep(cfg.slow_first_byte_s)
         if req.stream:
@@ -277,39 +280,50 @@ class Simulator:
         return await self._complete(request, ctx)
 
     def _answer(self, ctx: _Ctx) -> None:
-        """Sample the completion and serve it: sets ctx.served, ctx.usage, ctx.resegmented."""
+        """Sample the completion and serve it: sets ctx.served, ctx.usage, ctx.resegmented
+        and the draws the rest of the answer needs (ctx.draw)."""
         req, provider = ctx.req, ctx.provider
+        rng = random.Random(ctx.answer_seed)
+        content_rng = rng if ctx.content_seed is None else random.Random(ctx.content_seed)
         gen = self.model.generate(GenRequest(
             messages=req.messages, tools=req.tools, thinking=req.thinking,
+            prior_tool_calls=req.prior_tool_calls, history_tool=req.history_tool,
             tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
             effort=req.effort, reasoning_max_tokens=req.reasoning_max_tokens,
             force_raw_tool_call=not req.tools and "tool_calls_in_content" in ctx.quirks,
-        ), ctx.content_rng)
+        ), content_rng)
         n_prompt = len(ctx.prompt_ids)
         max_tokens = min(req.max_tokens or provider.max_completion_tokens,
                          provider.max_completion_tokens, provider.context_length - n_prompt)
         ctx.served = self.serving.serve(
             gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
             stop_ids=gen.renderer.stop_token_ids, max_tokens=max_tokens, stop=req.stop,
-            has_tools=bool(req.tools), quirks=ctx.quirks, exclude_reasoning=req.exclude_reasoning,
-            rng=ctx.rng)
+            has_tools=bool(req.tools), marks=gen.marks, known=gen.known, quirks=ctx.quirks,
+            exclude_reasoning=req.exclude_reasoning, rng=rng)
         ctx.resegmented = gen.resegmented
-        ctx.usage = self._usage(provider, n_prompt, ctx.served, ctx.rng)
+        ctx.usage = self._usage(provider, n_prompt, ctx.served, rng)
+        ctx.draw = rng.random()  # where a failing answer breaks off, which error shape
 
-    def _rngs(self, raw: bytes, seed: int | None) -> tuple[random.Random, random.Random]:
-        """(rng for routing/faults/quirks, rng for the answer's content). See docs/sim.md."""
+    def _rngs(self, raw: bytes, seed: int | None) -> tuple[_LazyRandom, int, int | None, int]:
+        """Randomness of one request, from the sim seed, the body and how many times this
+        exact body was seen before (docs/sim.md, "Determinism"): (lazy rng for routing,
+        faults and quirks; seed of the answer; seed of the content when the request has a
+        `seed`, else None; bits of the generation id)."""
         digest = hashlib.blake2b(raw, digest_size=16, key=self._seed_key).digest()
+        key = int.from_bytes(digest[:8], "little")
         seen = self._seen
         if len(seen) >= _SEEN_LIMIT:
             seen.clear()
-        occurrence = seen.get(digest, 0)
-        seen[digest] = occurrence + 1
-        base = int.from_bytes(digest, "little")
-        rng = random.Random(base ^ (occurrence * 0x9E3779B97F4A7C15) ^ (1 << 130))
-        if seed is None:
-            return rng, rng
-        content = random.Random(base ^ ((seed & ((1 << 64) - 1)) << 64) ^ (1 << 131))
-        return rng, content
+        occurrence = seen.get(key, 0)
+        seen[key] = occurrence + 1
+        d = hashlib.blake2b(digest + occurrence.to_bytes(8, "little"), digest_size=32).digest()
+        content_seed = None
+        if seed is not None:
+            content_seed = int.from_bytes(hashlib.blake2b(
+                digest + seed.to_bytes(16, "little", signed=True), digest_size=16).digest(),
+                "little")
+        return (_LazyRandom(int.from_bytes(d[:16], "little")), int.from_bytes(d[16:24], "little"),
+                content_seed, int.from_bytes(d[24:], "little"))
 
     def _usage(self, p: ProviderConfig, n_prompt: int, served: Served, rng: random.Random
                ) -> dict[str, Any]:
@@ -346,8 +360,12 @@ class Simulator:
         self.spent += usage["cost"]
         self.stats.add_completion(ctx.provider.name, usage, ctx.served.quirks, ctx.resegmented)
         # Kept slim (the JSON is built only if someone asks): no messages, no ids.
-        self.generations[ctx.gen_id] = (ctx.provider.name, usage, ctx.req.model, ctx.created,
-                                        ctx.served.finish_reason, ctx.req.stream, ctx.latency)
+        # Atomic values only: the garbage collector then stops tracking the tuple.
+        self.generations[ctx.gen_id] = (
+            ctx.provider.name, usage["cost"], usage["prompt_tokens"], usage["completion_tokens"],
+            usage["completion_tokens_details"]["reasoning_tokens"],
+            usage["prompt_tokens_details"]["cached_tokens"], ctx.req.model, ctx.created,
+            ctx.served.finish_reason, ctx.req.stream, ctx.latency)
         if len(self.generations) > GENERATION_LOG:
             self.generations.popitem(last=False)
 
@@ -381,7 +399,7 @@ class Simulator:
             "system_fingerprint": None, "usage": ctx.usage,
         }
         if ctx.req.want_ids:
-            body["prompt_token_ids"] = ctx.prompt_ids
+            body["prompt_token_ids"] = ctx.prompt_ids.tolist()
             choice["token_ids"] = served.ids
             body["specgen_sim"] = self._sim_info(ctx, served)
         return body
@@ -393,7 +411,7 @@ class Simulator:
     async def _complete(self, request: web.Request, ctx: _Ctx) -> tuple[web.StreamResponse, str]:
         fault = ctx.fault
         if fault in ("error_in_body", "mid_stream_error"):
-            if fault == "error_in_body" and ctx.rng.random() < 0.5:
+            if fault == "error_in_body" and ctx.draw < 0.5:
                 body = error_body(502, "Provider returned error", {
                     "provider_name": ctx.provider.name, "raw": "upstream connection closed"})
             else:
@@ -424,7 +442,7 @@ class Simulator:
         half = max(1, len(s.ids) // 2)
         return self.serving.serve(s.ids, start_in_reasoning=ctx.req.thinking and self.renderers[
             ctx.req.thinking].prompt_opens_think, stop_ids=self.renderers[True].stop_token_ids,
-            max_tokens=half, has_tools=bool(ctx.req.tools), rng=ctx.rng)
+            max_tokens=half, has_tools=bool(ctx.req.tools))
 
     # -- stream ---------------------------------------------------------------------------
     async def _stream(self, request: web.Request, ctx: _Ctx) -> str:
@@ -459,7 +477,7 @@ class Simulator:
         events = self._events(ctx)  # [(bytes, n_tokens)]
         cut = len(events)
         if fault in ("mid_stream_error", "connection_reset", "malformed_json"):
-            cut = max(1, int(len(events) * ctx.rng.uniform(0.2, 0.8)))
+            cut = max(1, int(len(events) * (0.2 + 0.6 * ctx.draw)))
         tps = ctx.provider.tokens_per_second
         start = time.monotonic()
         sent_tokens = 0
@@ -517,7 +535,7 @@ class Simulator:
         served = ctx.served
         first = self._chunk(ctx, {"role": "assistant", "content": ""}, [] if want else None)
         if want:
-            first["prompt_token_ids"] = ctx.prompt_ids
+            first["prompt_token_ids"] = ctx.prompt_ids.tolist()
         events = [(_event(first), 0)]
         pending: list[int] = []
         for delta, ids in self.serving.stream_deltas(served, self.cfg.stream_chunk_tokens,
@@ -543,15 +561,37 @@ class _Ctx:
     """Everything about one request being answered."""
 
     __slots__ = ("req", "provider", "quirks", "served", "usage", "prompt_ids", "resegmented",
-                 "rng", "content_rng", "gen_id", "created", "latency", "fault", "response")
+                 "answer_seed", "content_seed", "draw", "gen_id", "created", "latency", "fault",
+                 "response")
 
     def __init__(self, **kw: Any):
         self.response: web.StreamResponse | None = None
         self.served: Served | None = None
         self.usage: dict[str, Any] = {}
         self.resegmented = 0
+        self.draw = 0.0
         for k, v in kw.items():
             setattr(self, k, v)
+
+
+class _LazyRandom:
+    """A random.Random built on first use and dropped by `release()`: most requests draw
+    nothing before their answer, and none should hold 2.5 KB of state while they wait."""
+
+    __slots__ = ("_seed", "_rng")
+
+    def __init__(self, seed: int):
+        self._seed = seed
+        self._rng: random.Random | None = None
+
+    def release(self) -> None:
+        self._rng = None
+
+    def __getattr__(self, name: str):
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = random.Random(self._seed)
+        return getattr(rng, name)
 
 
 class _Aborted(web.StreamResponse):

@@ -19,6 +19,7 @@ import codecs
 import json
 import random
 import string
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,7 @@ class Served:
     native_finish_reason: str
     reasoning_tokens: int
     quirks: list[str] = field(default_factory=list)
+    known: dict[int, tuple[int, str]] | None = None  # start -> (end, text) known to the caller
 
 
 class Server:
@@ -87,17 +89,20 @@ class Server:
         self.im_end_text = IM_END
 
     # -- spans ----------------------------------------------------------------------------
-    def spans(self, ids: Sequence[int], start_in_reasoning: bool, stop_ids: frozenset[int]
-              ) -> list[tuple[str, int, int]]:
+    def spans(self, ids: Sequence[int], start_in_reasoning: bool, stop_ids: frozenset[int],
+              marks: Sequence[int] | None = None) -> list[tuple[str, int, int]]:
         """(kind, start, end) spans; kinds: reasoning, content, think, end_think,
         section_begin, call_begin, call_id, arg_begin, args, call_end, section_end, stop,
-        special:<field>, stray, section_stray."""
+        special:<field>, stray, section_stray. `marks` (positions of the special tokens, when
+        the caller knows them) saves the scan."""
         marker_of = self.marker_of
+        if marks is None:
+            marks = [i for i, t in enumerate(ids) if t in marker_of]
         out: list[tuple[str, int, int]] = []
         state = "reasoning" if start_in_reasoning else "content"
         seen = start_in_reasoning
         run = 0
-        for i in [i for i, t in enumerate(ids) if t in marker_of]:
+        for i in marks:
             t = ids[i]
             m = marker_of[t]
             if run < i:
@@ -145,12 +150,16 @@ class Server:
     # -- serve ----------------------------------------------------------------------------
     def serve(self, ids: list[int], *, start_in_reasoning: bool, stop_ids: frozenset[int],
               max_tokens: int, stop: Sequence[str] = (), has_tools: bool,
+              marks: Sequence[int] | None = None,
+              known: dict[int, tuple[int, str]] | None = None,
               quirks: frozenset[str] = frozenset(), exclude_reasoning: bool = False,
               rng: random.Random | None = None) -> Served:
         truncated = len(ids) > max_tokens
         if truncated:
             ids = ids[:max_tokens]
-        spans = self.spans(ids, start_in_reasoning, stop_ids)
+            if marks is not None:
+                marks = marks[:bisect_left(marks, max_tokens)]
+        spans = self.spans(ids, start_in_reasoning, stop_ids, marks)
         reasoning_tokens = sum(e - s for k, s, e in spans if k == "reasoning")
         cut_text: dict[int, str] = {}
         stopped = False
@@ -161,7 +170,7 @@ class Server:
                 reasoning_tokens = sum(e - s for k, s, e in spans if k == "reasoning")
         applied: list[str] = []
         pieces = self._pieces(ids, spans, cut_text, has_tools, quirks, exclude_reasoning,
-                              rng or random.Random(0), applied)
+                              rng, applied)
         if stopped:
             finish = "stop"
         elif truncated:
@@ -171,7 +180,7 @@ class Server:
         else:
             finish = "stop"
         return Served(pieces=pieces, ids=ids, finish_reason=finish, native_finish_reason=finish,
-                      reasoning_tokens=reasoning_tokens, quirks=applied)
+                      reasoning_tokens=reasoning_tokens, quirks=applied, known=known)
 
     def _apply_stop(self, ids, spans, stop):
         """Cut at the first stop string inside a reasoning or content run. The token that
@@ -199,6 +208,7 @@ class Server:
         marker_text = self.marker_text
         think_in_content = "think_in_content" in quirks
         drop_end_think = "drop_end_think" in quirks and not think_in_content
+        has_end_think = drop_end_think and any(k == "end_think" for k, _, _ in spans)
         as_text = not has_tools or "tool_calls_as_text" in quirks
         pieces: list[Piece] = []
         call_index = 0
@@ -213,7 +223,7 @@ class Server:
                 fld = "content" if think_in_content else "reasoning"
                 pieces.append(Piece("text", s, e, fld, cut_text.get(j)))
             elif kind == "content":
-                if drop_end_think and any(k == "end_think" for k, _, _ in spans):
+                if drop_end_think and has_end_think:
                     effective.add("drop_end_think")
                     pieces.append(Piece("text", s, e, "reasoning", cut_text.get(j)))
                 else:
@@ -306,6 +316,7 @@ class Server:
     def _rewrite_calls(self, ids, pieces, calls, quirks, rng, effective) -> None:
         for p in calls:
             if "openai_tool_call_ids" in quirks:
+                rng = rng or random.Random(p.index)
                 p.call_id = "call_" + "".join(rng.choices(_ALNUM, k=24))
                 effective.add("openai_tool_call_ids")
             elif "renumber_tool_call_ids" in quirks:
@@ -351,6 +362,7 @@ class Server:
     def fold(self, served: Served) -> tuple[str | None, str, list[dict[str, Any]]]:
         """(reasoning, content, tool_calls) of the non-stream message."""
         ids = served.ids
+        known = served.known or {}
         reasoning: list[str] = []
         content: list[str] = []
         calls: list[dict[str, Any]] = []
@@ -358,7 +370,11 @@ class Server:
         for p in served.pieces:
             k = p.kind
             if k == "text":
-                text = p.text if p.text is not None else self.decode(ids[p.start:p.end])
+                text = p.text
+                if text is None:
+                    hit = known.get(p.start)
+                    text = hit[1] if hit is not None and hit[0] == p.end else self.decode(
+                        ids[p.start:p.end])
                 if p.field == "reasoning":
                     has_reasoning = True
                     reasoning.append(p.prefix + text)

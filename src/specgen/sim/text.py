@@ -11,12 +11,17 @@ tokenizer), `exact` is False and callers encode the text themselves.
 from __future__ import annotations
 
 import random
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable
 
 from .words import EMOJI, HAN, WORDS
 
 END_MARKS = (".", ".", ".", ".", "?", "!")
 PARAGRAPH_MARKS = (".\n\n", ".\n\n", "?\n\n", ":\n\n")
+PASSAGES = 96  # pre-made passages ...
+PASSAGE_TOKENS = 4096  # ... of about this many tokens
+FAST_MAX = 1536  # texts up to this long are sliced from a passage
 NUMBERS = ("2", "3", "7", "12", "42", "64", "100", "256", "1024", "2025", "3.5", "0.75")
 
 
@@ -47,7 +52,20 @@ class TextBank:
                 e, e_ids = ends[form >> 1]
                 self.forms[form].append((h + core + e, h_ids + core_ids + e_ids))
         self.size = size
+        # Long pre-made texts: a request's text is a slice from a paragraph start to the first
+        # sentence end past the wanted length (two C-speed slices instead of a loop).
+        self.passages: list[tuple[str, array, list[int], list[int], list[int], list[int]]] = []
+        for _ in range(PASSAGES):
+            self.passages.append(self._passage(rng))
         self.exact = self.check(random.Random(seed ^ 0x5EED), 64)
+
+    def _passage(self, rng: random.Random):
+        text, ids = self._sentences(rng, PASSAGE_TOKENS, marks := [])
+        starts_tok = [t for t, _, opens in marks if opens and t < PASSAGE_TOKENS - FAST_MAX]
+        starts_chr = [c for t, c, opens in marks if opens and t < PASSAGE_TOKENS - FAST_MAX]
+        ends_tok = [t for t, _, _ in marks[1:]] + [len(ids)]
+        ends_chr = [c for _, c, _ in marks[1:]] + [len(text)]
+        return text, array("I", ids), starts_tok, starts_chr, ends_tok, ends_chr
 
     def _core(self, rng: random.Random, ws: list[str]) -> tuple[str, list[int]]:
         parts = []
@@ -72,6 +90,19 @@ class TextBank:
         """Whole sentences, about `n_tokens` long (at least one sentence when n_tokens > 0)."""
         if n_tokens <= 0:
             return "", []
+        if n_tokens > FAST_MAX:
+            return self._sentences(rng, n_tokens, None)
+        text, ids, starts_tok, starts_chr, ends_tok, ends_chr = self.passages[
+            int(rng.random() * len(self.passages))]
+        k = int(rng.random() * len(starts_tok))
+        t0, c0 = starts_tok[k], starts_chr[k]
+        j = bisect_left(ends_tok, t0 + n_tokens)
+        return text[c0:ends_chr[j]], ids[t0:ends_tok[j]].tolist()
+
+    def _sentences(self, rng: random.Random, n_tokens: int,
+                   marks: list[tuple[int, int, bool]] | None) -> tuple[str, list[int]]:
+        """Sentences drawn one by one; `marks` collects (token offset, char offset, opens a
+        paragraph) of every sentence start."""
         texts: list[str] = []
         ids: list[int] = []
         size = self.size
@@ -80,8 +111,11 @@ class TextBank:
         rand = rng.random
         new_paragraph = True
         left = 2 + int(rand() * 5)
+        chars = 0
         while len(ids) < n_tokens:
             k = int(rand() * size)
+            if marks is not None:
+                marks.append((len(ids), chars, new_paragraph))
             left -= 1
             if left <= 0 and len(ids) + 24 < n_tokens:
                 t, t_ids = (closing_opening if new_paragraph else closing_inner)[k]
@@ -91,6 +125,7 @@ class TextBank:
                 t, t_ids = (opening if new_paragraph else inner)[k]
                 new_paragraph = False
             texts.append(t)
+            chars += len(t)
             ids += t_ids
         return "".join(texts), ids
 
