@@ -287,11 +287,20 @@ def test_401_bad_key_stops_and_never_records_the_key(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECGEN_TEST_KEY", "sk-wrong-secret-4242")
     try:
         write_jsonl(tmp_path / "a.jsonl", prompt_rows(5))
+        # an OpenRouter-like server: the key is checked (GET /key) before anything is sent
         path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}])
+        with pytest.raises(RunError, match="refused the key") as exc:
+            go(path)
+        assert "sk-wrong-secret-4242" not in str(exc.value)
+        # a 401 in the middle of a run stops it (no endpoint list, so no key check first)
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint='fetch_endpoints = false\ndialect = "openrouter"')
         cfg, outcome = go(path)
     finally:
         sim.stop()
     assert outcome.state == "failed" and "auth" in outcome.stop_reason
+    assert "check the API key" in outcome.stop_reason
+    assert run_status(cfg.run_dir)["datasets"]["a"]["pending"] == 5
     for f in cfg.run_dir.iterdir():
         if f.is_file():
             assert b"sk-wrong-secret-4242" not in f.read_bytes(), f

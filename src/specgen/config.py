@@ -59,8 +59,8 @@ class EndpointConfig:
     retry_base_delay: float = 1.0  # full-jitter exponential backoff: base and cap, seconds
     retry_max_delay: float = 60.0
     quarantine_retries: int = 0  # re-ask this many times when an answer is quarantined
-    # GET /models/{model}/endpoints at start (quantizations, prices): "auto" = OpenRouter-like
-    # base URLs and the simulator; true/false to force.
+    # GET /models/{model}/endpoints at start (quantizations, prices): "auto" = try, and carry
+    # on without when the server has none; true = warn when it fails; false = never ask.
     fetch_endpoints: bool | Literal["auto"] = "auto"
     # Request dialect: "openrouter" (reasoning/provider/usage fields), "openai" (vLLM, SGLang:
     # chat_template_kwargs), or "auto": openrouter when the server lists endpoints (OpenRouter,
@@ -114,6 +114,9 @@ class DatasetConfig:
     on_length: Literal["drop", "keep"] = "drop"
     split: str | None = None  # for HF datasets folders with several splits
     weight: float | None = None
+    # Rewrite tool-call ids to the model's native form (functions.{name}:{k}); None = on for
+    # the Kimi renderers (see specgen.sources.toolids).
+    native_tool_ids: bool | None = None
 
 
 @dataclass
@@ -190,7 +193,8 @@ class RunConfig:
         })
 
 
-RESULT_DATASET_KEYS = ("path", "format", "max_tokens", "turns", "on_length", "split")
+RESULT_DATASET_KEYS = ("path", "format", "max_tokens", "turns", "on_length", "split",
+                       "native_tool_ids")
 
 
 def _hash(obj: Any) -> str:
@@ -338,7 +342,7 @@ def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
         if not isinstance(ep.headers[name], str):
             raise ConfigError(f"{where}: endpoint.headers.{name} must be a string")
     if ep.api_key_env is not None and not ep.api_key_env.strip():
-        raise ConfigError(f"{where}: endpoint.api_key_env must name an environment variable")
+        ep.api_key_env = None  # "" = send no key (local servers)
 
 
 def _validate_numbers(cfg: RunConfig, where: str) -> None:

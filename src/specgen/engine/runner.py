@@ -245,7 +245,27 @@ async def _policy_and_prices(cfg: RunConfig, client) -> tuple[ProviderPolicy, An
     b = cfg.budget
     prices = resolve_prices(b.prompt_price_per_m, b.completion_price_per_m,
                             policy.max_prices())
+    if endpoints:
+        await _check_key(cfg, client)
     return policy, prices
+
+
+async def _check_key(cfg: RunConfig, client) -> None:
+    """OpenRouter's GET /key: say how much the key may still spend (never fatal)."""
+    try:
+        info = await client.get_json("key")
+    except ApiError as err:
+        if err.kind == "auth":
+            raise RunError(f"the API refused the key: {err}") from None
+        return
+    data = info.get("data", info) if isinstance(info, dict) else {}
+    remaining = data.get("limit_remaining") if isinstance(data, dict) else None
+    if isinstance(remaining, int | float):
+        log.info("API key: $%.2f of its limit left", remaining)
+        cap = cfg.budget.max_cost_usd
+        if cap is not None and remaining < cap:
+            log.warning("the API key has $%.2f left, less than max_cost_usd = $%g: the run will "
+                        "stop with 402 (resumable) when it runs out", remaining, cap)
 
 
 async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
