@@ -122,3 +122,18 @@ def test_cli(tmp_path, capsys):
     assert main(["merge", *map(str, shards), "-o", str(tmp_path / "m")]) == 0
     out = capsys.readouterr().out
     assert "(0/2," in out and "(1/2," in out and "18 conversations" in out
+
+
+def test_dataset_counters_of_a_complete_merge(tmp_path):
+    shards = sharded(tmp_path, 2)
+    for k, s in enumerate(shards):
+        conn = sqlite3.connect(s / "state.sqlite")
+        conn.execute("UPDATE datasets SET rows_read = 12, rows_other_shard = ?, rows_duplicate = 1",
+                     (5 + k,))
+        conn.commit()
+        conn.close()
+    merge_runs(shards, tmp_path / "all")
+    merge_runs(shards[:1], tmp_path / "part")
+    q = "SELECT rows_read, rows_other_shard, rows_duplicate FROM datasets WHERE name='chat'"
+    assert sqlite3.connect(tmp_path / "all" / "state.sqlite").execute(q).fetchone() == (12, 0, 2)
+    assert sqlite3.connect(tmp_path / "part" / "state.sqlite").execute(q).fetchone() == (12, 5, 1)

@@ -115,7 +115,7 @@ def _merge(ins: list[Path], stores: list[Store], metas: list[dict[str, str]],
     tc.execute("BEGIN IMMEDIATE")
     try:
         _meta(ins, stores, metas, target)
-        _datasets(stores, tc)
+        _datasets(stores, tc, complete=_all_shards(metas))
         session_map = _sessions(stores, tc, summary)
         conv_map, task_map, turn_map = _conversations(stores, tc, summary)
         _results(stores, tc, conv_map, task_map, summary)
@@ -166,7 +166,18 @@ def _is_float(v: str | None) -> bool:
         return False
 
 
-def _datasets(stores: list[Store], tc: sqlite3.Connection) -> None:
+def _all_shards(metas: list[dict[str, str]]) -> bool:
+    """Whether the inputs are exactly shards 0..N-1 of one N."""
+    shards = [m.get("shard") or "" for m in metas]
+    try:
+        pairs = [tuple(int(x) for x in s.split("/")) for s in shards]
+    except ValueError:
+        return False
+    counts = {n for _, n in pairs}
+    return len(counts) == 1 and sorted(i for i, _ in pairs) == list(range(counts.pop()))
+
+
+def _datasets(stores: list[Store], tc: sqlite3.Connection, *, complete: bool) -> None:
     merged: dict[str, dict[str, Any]] = {}
     for s in stores:
         cols = _common(s.conn, tc, "datasets")
@@ -187,6 +198,8 @@ def _datasets(stores: list[Store], tc: sqlite3.Connection) -> None:
             if DATASET_STATE_RANK.get(d.get("state"), 9) < DATASET_STATE_RANK.get(cur.get("state"), 9):
                 cur["state"] = d["state"]
     for d in merged.values():
+        if complete:  # every shard is here: no row belongs to a shard outside the merge
+            d["rows_other_shard"] = 0
         cols = list(d)
         tc.execute(f"INSERT INTO datasets({', '.join(cols)}) VALUES({', '.join('?' * len(cols))})",
                    [d[c] for c in cols])
