@@ -301,3 +301,25 @@ def test_quirks_with_the_real_kimi_vocabulary(tmp_path):
                 assert isinstance(norm, Normalized), (tag, norm)
                 assert ids_equal(renderer, norm, resp), (tag, resp)
                 assert renderer.prompt_ids(req.messages, req.tools) == resp.prompt_token_ids
+
+
+@pytest.mark.parametrize("name, thinking", [("kimi-k2-thinking", True), ("kimi-k2.5", False),
+                                            ("kimi-k2-instruct", False)])
+def test_other_kimi_variants_and_thinking_off(tmp_path, demo_tokenizer, name, thinking):
+    renderer = get_renderer(name, demo_tokenizer, thinking=thinking)
+    tags = ("clean", "spaced", "think-in-content", "openai-ids", "im-end")
+    cfg_sim = SimConfig(providers=[ProviderConfig(name=t, tag=t, quirks=QuirkRates(**QUIRKY[t]))
+                                   for t in tags],
+                        length=LengthConfig(distribution="uniform", min=6, max=60),
+                        tool_calls=ToolCallConfig(rate=0.8, max_parallel=2, content_rate=0.5))
+    with start_in_thread(cfg_sim, seed=5, tokenizer=demo_tokenizer, renderer=name) as handle:
+        for tag in tags:
+            cfg = run_config(tmp_path, tag)
+            cfg.sampling.reasoning = thinking
+            reqs = tool_requests(6) + plain_requests(3)
+            for req, resp in zip(reqs, ask(handle, cfg, reqs), strict=True):
+                norm = outcome(resp, req, renderer)
+                assert isinstance(norm, Normalized), (name, tag, norm)
+                assert ids_equal(renderer, norm, resp), (name, tag, resp)
+                assert renderer.prompt_ids(req.messages, req.tools) == resp.prompt_token_ids
+                assert (norm.message.reasoning is not None) == thinking
