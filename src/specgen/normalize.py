@@ -187,7 +187,9 @@ def normalize(
                           f"{reasoning_tokens} reasoning tokens billed but none returned")
     if d.think and inserted_end and not content and reasoning and reasoning_tokens:
         n = len(renderer.tokenizer.encode(reasoning))
-        if n > reasoning_tokens + 1:  # the answer itself went into the reasoning field
+        # The answer itself went into the reasoning field. Some slack: providers count
+        # reasoning tokens their own way (with or without the think tags, or estimated).
+        if n > reasoning_tokens + max(2, reasoning_tokens // 50):
             raise Quarantined("unbalanced_reasoning",
                               f"</think> dropped: the reasoning holds {n} tokens, the provider "
                               f"counted {reasoning_tokens} reasoning tokens")
