@@ -17,7 +17,13 @@ Reported per client: requests/s (first request sent to last answer), client CPU 
     .venv/bin/python bench/engine.py --requests 5000 --concurrency 500 --runs 1   # ~1 minute
 """
 
+# ruff: noqa: E402  (the sys.path fix below must run before the imports)
 from __future__ import annotations
+
+import sys
+
+# bench/ holds a tokenize.py that would shadow the standard library's: drop the script's dir
+sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
 
 import argparse
 import asyncio
@@ -26,7 +32,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -150,7 +155,8 @@ async def openai_loop(url: str, n: int, conc: int, stream: bool, seconds: float)
     return {"requests": ok, "wall": wall}
 
 
-def specgen_run(url: str, n: int, conc: int, stream: bool, data: Path, workdir: Path) -> dict:
+def specgen_run(url: str, n: int, conc: int, stream: bool, data: Path, workdir: Path,
+                commit_thread: bool = True) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     from specgen.config import load_config
     from specgen.engine.runner import RunOptions, run
@@ -172,6 +178,7 @@ max_attempts = 3
 max_tokens = 1024
 [engine]
 log_interval = 30
+commit_thread = {str(commit_thread).lower()}
 [[dataset]]
 name = "bench"
 path = "{data}"
@@ -197,7 +204,8 @@ def child(args) -> None:
                                       args.openai_seconds))
     else:
         out = specgen_run(args.url, args.requests, args.concurrency, args.stream,
-                          Path(args.data), Path(args.workdir))
+                          Path(args.data), Path(args.workdir),
+                          commit_thread=not args.no_commit_thread)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -208,6 +216,8 @@ def measure(mode: str, args, url: str, data: Path, workdir: Path, cpu: int | Non
            "--workdir", str(workdir), "--openai-seconds", str(args.openai_seconds)]
     if args.stream:
         cmd.append("--stream")
+    if args.no_commit_thread:
+        cmd.append("--no-commit-thread")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, preexec_fn=pin(cpu),
                             env={**os.environ, "SPECGEN_BENCH_KEY": "bench"})
@@ -242,6 +252,8 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true", help="stream the answers (SSE)")
     ap.add_argument("--openai-seconds", type=float, default=60.0,
                     help="stop the openai loop after this long (it is slow)")
+    ap.add_argument("--no-commit-thread", action="store_true",
+                    help="commit on the event loop instead of a worker thread")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)

@@ -12,14 +12,19 @@
     .venv/bin/python bench/store.py --tasks 100000 --runs 1 # about a minute
 """
 
+# ruff: noqa: E402  (the sys.path fix below must run before the imports)
 from __future__ import annotations
+
+import sys
+
+# bench/ holds a tokenize.py that would shadow the standard library's: drop the script's dir
+sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
 
 import argparse
 import asyncio
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

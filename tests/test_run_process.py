@@ -237,6 +237,10 @@ def test_kill_9_at_random_points_loses_nothing_committed(tmp_path, sim_fast):
     assert ok_attempts_per_done_task(run_dir) == {1}  # each task answered exactly once
     with Store.open(run_dir) as s:
         assert s.conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 6
+        states = dict(s.conn.execute("SELECT state, COUNT(*) FROM sessions GROUP BY 1"))
+        killed = s.conn.execute("SELECT COUNT(*) FROM sessions WHERE stop_reason LIKE "
+                                "'interrupted: the process ended%'").fetchone()[0]
+    assert "running" not in states and killed == kills  # dead sessions closed on restart
 
 
 def test_a_second_engine_on_the_same_run_dir_is_refused(tmp_path, sim_slow):

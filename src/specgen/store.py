@@ -320,7 +320,13 @@ class Store:
             raise
 
     def start_session(self, pid: int, host: str, argv: str, now: float) -> int:
-        """Record a new engine session (state running); returns its id."""
+        """Record a new engine session (state running); returns its id. Sessions still
+        marked running (their process died without recording an end: the caller holds the
+        run dir's lock, so none is alive) are closed as stopped first."""
+        self.conn.execute(
+            "UPDATE sessions SET state='stopped', ended_at=heartbeat_at, stop_reason="
+            "'interrupted: the process ended without recording a stop (kill -9, crash, power "
+            "loss)' WHERE state='running'")
         cur = self.conn.execute(
             "INSERT INTO sessions(pid, host, started_at, heartbeat_at, state, argv) "
             "VALUES(?, ?, ?, ?, 'running', ?)", (pid, host, now, now, argv))

@@ -185,6 +185,9 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                                            for d in engine.datasets),
                      time.monotonic() - t0, engine.open_convs)
             return await _run_engine(engine, cfg, live)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        _end_session(store, session_id, "stopped", "interrupted while starting")
+        raise
     except BaseException as exc:
         reason = (str(exc) if isinstance(exc, RunError | ApiError)
                   else f"crashed: {exc!r}")
