@@ -104,6 +104,7 @@ drain_timeout = 5
     (("name = \"a\"", "name = \"a\"\nweight = 0.0"), "weight must be > 0"),
     (("name = \"a\"", "name = \"a\"\nlimit = -3"), "limit must be positive"),
     (("name = \"a\"", "name = \"a\"\non_length = \"trim\""), "on_length"),
+    (("name = \"a\"", "name = \"a\"\nformat = \"csv\""), "format 'csv' is unknown"),
 ])
 def test_bad_configs_are_named(tmp_path, edit, needle):
     old, new = edit

@@ -459,3 +459,31 @@ def test_adaptive_concurrency_backs_off_on_429(tmp_path):
     live = json.loads((cfg.run_dir / "live.json").read_text())
     assert live["concurrency_backoffs"] >= 1 and live["concurrency_limit"] >= 4
     assert run_status(cfg.run_dir)["datasets"]["a"]["done"] == 60
+
+
+def test_unreadable_source_fails_with_its_reason(tmp_path, clean_sim):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("not a dataset")
+    path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "folder"}])
+    cfg, outcome = go(path)
+    assert outcome.state == "failed" and outcome.exit_code == 1
+    assert outcome.stop_reason.startswith("dataset 'a': cannot read")
+    assert run_status(cfg.run_dir)["state"] == "failed"
+
+
+def test_two_base_urls_share_the_load(tmp_path, clean_sim):
+    other = SimProcess(tmp_path, CLEAN, name="second")
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
+        path = tmp_path / "two.toml"
+        text = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}]
+                            ).read_text()
+        path.write_text(text.replace(f'base_url = "{clean_sim.url}"',
+                                     f'base_url = ["{clean_sim.url}", "{other.url}"]'))
+        cfg, outcome = go(path)
+        assert outcome.state == "finished"
+        with Store.open(cfg.run_dir) as s:
+            urls = dict(s.conn.execute("SELECT base_url, COUNT(*) FROM attempts GROUP BY 1"))
+    finally:
+        other.stop()
+    assert set(urls) == {clean_sim.url, other.url} and min(urls.values()) >= 10

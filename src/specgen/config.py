@@ -281,6 +281,12 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         ds.path = _resolve(base, ds.path)
         if not ds.path.exists():
             raise ConfigError(f"{label}: path {str(ds.path)!r} does not exist")
+        if ds.format != "auto":
+            from .sources.formats import FORMATS
+
+            if ds.format not in FORMATS:
+                raise ConfigError(f"{label}: format {ds.format!r} is unknown (auto, "
+                                  f"{', '.join(sorted(FORMATS))})")
         if ds.turns not in ("last", "all", "first"):
             raise ConfigError(f"{label}: turns must be 'last', 'all' or 'first', not {ds.turns!r}")
         if ds.on_length not in ("drop", "keep"):

@@ -45,8 +45,7 @@ ADMIT_CHUNK = 64  # conversations admitted per pass (keeps the loop responsive)
 READ_CHUNK = 2048  # rows read per pass at most (rows of other shards, duplicates...)
 
 
-class RowFailure(Exception):
-    """A dataset row could not be parsed and the dataset does not skip invalid rows."""
+_END = object()  # the source has no (more) rows
 
 
 @dataclass(slots=True)
@@ -91,6 +90,7 @@ class Engine:
         self.by_name: dict[str, DsRun] = {}
         self.weighted = any(d.weight is not None for d in cfg.datasets)
         self.inflight: dict[asyncio.Task, Job] = {}
+        self._bg: set[asyncio.Task] = set()  # source openers
         self.retries: list[tuple[float, int, Job]] = []  # heap of (due, seq, job)
         self._seq = itertools.count()
         self.open_convs = 0
@@ -180,9 +180,10 @@ class Engine:
             candidates = self._admissible()
             if not candidates:
                 return False
-            self._admit(candidates[0], min(ADMIT_CHUNK, self.window - self.open_convs))
-            if self.fatal:
-                return False
+            ds = candidates[0]
+            self._admit(ds, min(ADMIT_CHUNK, self.window - self.open_convs))
+            if self.fatal or ds.opening:
+                return False  # the opener wakes the loop when the source is ready
         return self.open_convs < self.window and bool(self._admissible())
 
     def _admit(self, ds: DsRun, want: int) -> int:
@@ -191,17 +192,30 @@ class Engine:
             self._set_state(ds, "limit_reached", f"limit of {ds.cfg.limit} conversations reached")
             return 0
         if ds.rows is None:
-            ds.rows = iter(self.stages.iter_rows(ds.cfg, start=ds.rows_read,
-                                                 renderer=self.cfg.target.renderer))
+            if not ds.opening:
+                ds.opening = True
+                opener = asyncio.get_running_loop().create_task(self._open_rows(ds))
+                self._bg.add(opener)
+                opener.add_done_callback(self._bg.discard)
+            return 0
         admitted = 0
         writer = self.writer
         for _ in range(READ_CHUNK):
             try:
-                row = next(ds.rows)
+                if ds.lookahead is not None:
+                    row, ds.lookahead = ds.lookahead, None
+                    if row is _END:
+                        raise StopIteration
+                else:
+                    row = next(ds.rows)
             except StopIteration:
                 ds.exhausted = True
                 ds.dirty = True
                 self._refresh_state(ds)
+                break
+            except Exception as exc:  # noqa: BLE001 - an unreadable source stops the run
+                self.fatal = f"dataset {ds.name!r}: cannot read {ds.cfg.path}: {exc}"
+                log.error("%s", self.fatal)
                 break
             if row.error is not None:
                 err = row.error
@@ -236,6 +250,23 @@ class Engine:
             if admitted >= want:
                 break
         return admitted
+
+    async def _open_rows(self, ds: DsRun) -> None:
+        """Open the dataset's source at its cursor in a worker thread: skipping millions of
+        rows already read must not stall the loop (or the heartbeat)."""
+        def open_source():
+            rows = iter(self.stages.iter_rows(ds.cfg, start=ds.rows_read,
+                                              renderer=self.cfg.target.renderer))
+            return rows, next(rows, _END)
+
+        try:
+            ds.rows, ds.lookahead = await asyncio.to_thread(open_source)
+        except Exception as exc:  # noqa: BLE001 - a source that cannot be opened stops the run
+            self.fatal = self.fatal or f"dataset {ds.name!r}: cannot read {ds.cfg.path}: {exc}"
+            log.error("%s", self.fatal)
+        finally:
+            ds.opening = False
+            self._wake.set()
 
     def _new_conversation(self, ds: DsRun, conv: Conversation, row_index: int) -> None:
         self._next_conv += 1

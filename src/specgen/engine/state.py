@@ -40,6 +40,8 @@ class DsRun:
     in_flight: int = 0
     admitted_session: int = 0
     rows: Iterator | None = None
+    opening: bool = False  # the source is being opened (and its first rows skipped) in a thread
+    lookahead: Any = None  # the first row, read by the opener
     blocked: str | None = None  # why it cannot dispatch now ("tokens", "cost"), None if it can
     dirty: bool = True
 
