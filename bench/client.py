@@ -302,11 +302,14 @@ def main() -> None:
         for kind in clients:
             rows = [r for r in results if r["client"] == kind and r["mode"] == mode]
             rps = statistics.median(r["rps"] for r in rows)
-            cpu = statistics.median(r["cpu_ms"] for r in rows)
+            done = [r["cpu_ms"] for r in rows if r["requests"]]  # a run may finish nothing
+            cpu = f"{statistics.median(done):.3f}" if done else "-"
             if kind == "bare":
                 bare = rps
             ratio = f"{rps / bare:.0%}" if bare else "-"
-            print(f"| {kind} | {mode} | {rps:,.0f} | {cpu:.3f} | {ratio} |")
+            errors = sum(sum(r["errors"].values()) for r in rows)
+            note = f" ({errors} errors)" if errors else ""
+            print(f"| {kind} | {mode} | {rps:,.0f} | {cpu}{note} | {ratio} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine_note(), "args": vars(args), "results": results}, f,

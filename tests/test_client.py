@@ -730,6 +730,7 @@ async def test_api_key_never_appears_in_errors_responses_or_logs(monkeypatch, ca
                      "rate_limit", "server", "overloaded", "error_in_body", "stream_error",
                      "invalid_response", "connection"}
     for e in errors:
+        assert e.__context__ is None and e.__cause__ is None  # no aiohttp request info kept
         texts += [str(e), repr(e), e.message, orjson.dumps(e.body, default=str).decode(),
                   orjson.dumps(e.usage, default=str).decode(), str(e.provider), str(e.args)]
     texts.append(caplog.text)

@@ -227,8 +227,10 @@ class ChatClient:
         try:
             payload = orjson.dumps(body)
         except TypeError as exc:
-            raise ApiError("bad_request", f"request body is not JSON-serialisable: {exc}") from None
-        return await self._call("POST", None, payload, bool(stream))
+            problem = str(exc)
+        else:
+            return await self._call("POST", None, payload, bool(stream))
+        raise ApiError("bad_request", f"request body is not JSON-serialisable: {problem}")
 
     async def get_json(self, path: str) -> Any:
         """GET `<base_url>/<path>` and return its JSON, e.g. `models/{author}/{slug}/endpoints`
@@ -314,6 +316,9 @@ class ChatClient:
                     usage=parser.usage if parser is not None else None,
                 ) from None
         except ApiError as err:
+            # Drop the aiohttp exception this replaced: its request info holds the headers.
+            err.__context__ = None
+            err.__cause__ = None
             err.base_url = ep.url
             if err.status is None:
                 err.status = status

@@ -9,6 +9,7 @@ the server reported so a failed-but-billed attempt is still counted.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -181,8 +182,7 @@ class StreamParser:
 
     SSE framing: lines end in LF or CRLF; an event ends at a blank line and its `data:` lines
     are joined with "\\n"; `:` comment lines (`: OPENROUTER PROCESSING`) and other fields
-    (`event:`, `id:`, `retry:`) are skipped; `data: [DONE]` ends the stream. The JSON payloads
-    of all events in one block are decoded with a single orjson call.
+    (`event:`, `id:`, `retry:`) are skipped; `data: [DONE]` ends the stream.
     """
 
     __slots__ = (
@@ -237,7 +237,7 @@ class StreamParser:
             if payload:
                 ready.append(payload)
         if ready:
-            self._apply(self._decode(ready))
+            self._apply(self._decoded(ready))
 
     def _slow_event(self, ev: bytes) -> bytes | None:
         """The data of an event that is more than one `data: ...` line (comments, other
@@ -254,20 +254,13 @@ class StreamParser:
             # ':' comments and other SSE fields are skipped
         return data
 
-    def _decode(self, payloads: list[bytes]) -> list[Any]:
-        """All JSON payloads of a block in one orjson call; one by one when that fails, so the
-        error names the bad chunk."""
-        if len(payloads) > 1:
-            try:
-                objs = _loads(b"[" + b",".join(payloads) + b"]")
-                if len(objs) == len(payloads):
-                    return objs
-            except _JSONDecodeError:
-                pass
-        out: list[Any] = []
+    def _decoded(self, payloads: list[bytes]) -> Iterator[Any]:
+        """The JSON chunks of `payloads`, decoded one at a time: each is dropped once handled,
+        so a big read does not hold hundreds of fresh dicts (which would make the garbage
+        collector scan the whole heap far more often)."""
         for data in payloads:
             try:
-                out.append(_loads(data))
+                yield _loads(data)
             except _JSONDecodeError:
                 if b"\n" not in data:
                     raise _invalid(
@@ -276,24 +269,24 @@ class StreamParser:
                 for part in data.split(b"\n"):
                     if part == b"[DONE]":
                         self.done = True
-                        return out
+                        return
                     if part:
                         try:
-                            out.append(_loads(part))
+                            obj = _loads(part)
                         except _JSONDecodeError:
                             raise _invalid("stream chunk is not valid JSON: "
                                            f"{snippet(part, 120)}") from None
-        return out
+                        yield obj
 
-    def _apply(self, chunks: list[Any]) -> None:
+    def _apply(self, chunks: Iterable[Any]) -> None:
         head = self.id is None  # id and model: from the first chunk that has an id
         provider = self.provider is None  # from any chunk
         want_pids = self._prompt_ids is None and not self._seen_choices  # the first chunk
         content = self._content
-        self.events += len(chunks)
         for chunk in chunks:
             if chunk.__class__ is not dict:
                 raise _invalid(f"stream chunk must be a JSON object, got {type(chunk).__name__}")
+            self.events += 1
             get = chunk.get
             if head:
                 value = get("id")
