@@ -162,3 +162,26 @@ os.kill(os.getpid(), 9)
     assert "committed" in proc.stdout and proc.returncode == -9
     store = Store.open(tmp_path / "run")
     assert store.max_id("conversations") == 200
+
+
+def test_totals_follow_every_attempt_insert_and_are_rebuilt_for_old_stores(tmp_path):
+    store = seeded(tmp_path)
+    # any writer (here raw SQL, as `specgen merge` does) keeps the totals right via the trigger
+    store.conn.execute(
+        "INSERT INTO attempts(task, outcome, provider, prompt_tokens, completion_tokens, "
+        "cost_usd, dataset) VALUES(3, 'rejected:quantization:fp4', 'p2', 7, 9, 0.5, 'a')")
+    scan = store.conn.execute(
+        "SELECT COUNT(*), SUM(completion_tokens), SUM(cost_usd) FROM attempts").fetchone()
+    spend = store.spend()["a"]
+    assert (spend["attempts"], spend["completion_tokens"]) == (scan[0], scan[1])
+    assert spend["cost_usd"] == pytest.approx(scan[2])
+    assert store.provider_totals()["p2"]["outcomes"] == {"rejected:quantization:fp4": 1}
+    assert store.result_totals()["a"]["samples"] == 1
+    # a store written before the totals existed: rebuilt once when opened for writing
+    store.conn.executescript("DROP TRIGGER attempts_totals; DROP TABLE totals;")
+    ro = Store.open(tmp_path)
+    assert ro.spend()["a"]["attempts"] == 3  # read-only: computed from the attempts
+    store.close()
+    again = Store.create(tmp_path)
+    assert again.conn.execute("SELECT SUM(attempts) FROM totals").fetchone()[0] == 3
+    assert again.spend() == ro.spend()

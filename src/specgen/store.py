@@ -65,6 +65,22 @@ CREATE INDEX IF NOT EXISTS results_conversation ON results(conversation, turn);
 CREATE TABLE IF NOT EXISTS quarantine(
   id INTEGER PRIMARY KEY, task INTEGER, dataset TEXT, provider TEXT, reason TEXT NOT NULL,
   response BLOB, created_at REAL);
+-- Running totals of attempts per (dataset, provider, outcome), kept by a trigger so every
+-- writer (the engine, merge) keeps them right; status and resume read them instead of
+-- scanning millions of attempts.
+CREATE TABLE IF NOT EXISTS totals(
+  dataset TEXT NOT NULL, provider TEXT NOT NULL, outcome TEXT NOT NULL,
+  attempts INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+  cost_usd REAL NOT NULL, cost_known INTEGER NOT NULL, PRIMARY KEY(dataset, provider, outcome));
+CREATE TRIGGER IF NOT EXISTS attempts_totals AFTER INSERT ON attempts BEGIN
+  INSERT INTO totals VALUES(COALESCE(NEW.dataset, ''), COALESCE(NEW.provider, ''), NEW.outcome,
+    1, COALESCE(NEW.prompt_tokens, 0), COALESCE(NEW.completion_tokens, 0),
+    COALESCE(NEW.cost_usd, 0), NEW.cost_usd IS NOT NULL)
+  ON CONFLICT(dataset, provider, outcome) DO UPDATE SET attempts = attempts + 1,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
+END;
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, session INTEGER, kind TEXT NOT NULL,
   dataset TEXT, provider TEXT, detail TEXT);
@@ -177,6 +193,7 @@ class Store:
         conn.execute("PRAGMA busy_timeout=10000")
         conn.executescript(SCHEMA)
         store = cls(path, conn, readonly=False)
+        store._rebuild_totals_if_missing()
         version = store.get_meta("schema_version")
         if version is None:
             store.set_meta("schema_version", str(SCHEMA_VERSION))
@@ -205,6 +222,32 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+
+    def _rebuild_totals_if_missing(self) -> None:
+        """A store written before the totals trigger existed gets its totals computed once."""
+        c = self.conn
+        if c.execute("SELECT 1 FROM totals LIMIT 1").fetchone() is not None:
+            return
+        if c.execute("SELECT 1 FROM attempts LIMIT 1").fetchone() is None:
+            return
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            c.execute(f"INSERT INTO totals {_TOTALS_FROM_ATTEMPTS}")
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def _attempt_groups(self) -> list[tuple]:
+        """(dataset, provider, outcome, attempts, prompt, completion, cost, cost_known) rows:
+        from the totals table, or (an older store opened read-only) from the attempts."""
+        try:
+            rows = self.conn.execute("SELECT * FROM totals").fetchall()
+        except sqlite3.OperationalError:
+            rows = []
+        if rows:
+            return rows
+        return self.conn.execute(_TOTALS_FROM_ATTEMPTS).fetchall()
 
     def __enter__(self) -> Store:
         return self
@@ -363,33 +406,36 @@ class Store:
     def spend(self) -> dict[str, dict[str, float]]:
         """What every recorded attempt cost, per dataset (billed failures included)."""
         out: dict[str, dict[str, float]] = {}
-        for ds, n, pt, ct, cost, known in self.conn.execute(
-                "SELECT dataset, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
-                "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0), "
-                "COUNT(cost_usd) FROM attempts GROUP BY dataset"):
-            out[ds] = {"attempts": n, "prompt_tokens": pt, "completion_tokens": ct,
-                       "cost_usd": cost, "attempts_with_cost": known}
+        for ds, _p, _o, n, pt, ct, cost, known in self._attempt_groups():
+            d = out.setdefault(ds or None, {"attempts": 0, "prompt_tokens": 0,
+                                            "completion_tokens": 0, "cost_usd": 0.0,
+                                            "attempts_with_cost": 0})
+            d["attempts"] += n
+            d["prompt_tokens"] += pt
+            d["completion_tokens"] += ct
+            d["cost_usd"] += cost
+            d["attempts_with_cost"] += known
         return out
 
     def result_totals(self) -> dict[str, dict[str, float]]:
         """Tokens and cost of the kept samples, per dataset (from their 'ok' attempts: each
-        result has exactly one, and the attempts table is narrow, unlike results)."""
+        result has exactly one)."""
         out: dict[str, dict[str, float]] = {}
-        for ds, n, pt, ct, cost in self.conn.execute(
-                "SELECT dataset, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
-                "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0) "
-                "FROM attempts WHERE outcome='ok' GROUP BY dataset"):
-            out[ds] = {"samples": n, "prompt_tokens": pt, "completion_tokens": ct,
-                       "cost_usd": cost}
+        for ds, _p, outcome, n, pt, ct, cost, _k in self._attempt_groups():
+            if outcome != "ok":
+                continue
+            d = out.setdefault(ds or None, {"samples": 0, "prompt_tokens": 0,
+                                            "completion_tokens": 0, "cost_usd": 0.0})
+            d["samples"] += n
+            d["prompt_tokens"] += pt
+            d["completion_tokens"] += ct
+            d["cost_usd"] += cost
         return out
 
     def provider_totals(self) -> dict[str, dict[str, Any]]:
         """Per answering provider: attempts by outcome, tokens, cost."""
         out: dict[str, dict[str, Any]] = {}
-        for provider, outcome, n, pt, ct, cost in self.conn.execute(
-                "SELECT COALESCE(provider, ''), outcome, COUNT(*), "
-                "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
-                "COALESCE(SUM(cost_usd), 0) FROM attempts GROUP BY 1, 2"):
+        for _ds, provider, outcome, n, pt, ct, cost, _k in self._attempt_groups():
             p = out.setdefault(provider or "(unknown)", {
                 "requests": 0, "outcomes": {}, "prompt_tokens": 0, "completion_tokens": 0,
                 "cost_usd": 0.0})
@@ -460,6 +506,13 @@ class Store:
             c.execute("ROLLBACK")
             raise
         return n
+
+
+_TOTALS_FROM_ATTEMPTS = (
+    "SELECT COALESCE(dataset, ''), COALESCE(provider, ''), outcome, COUNT(*), "
+    "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
+    "COALESCE(SUM(cost_usd), 0), COUNT(cost_usd) FROM attempts GROUP BY 1, 2, 3"
+)
 
 
 # -- batched writes ---------------------------------------------------------------------------

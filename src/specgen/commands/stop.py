@@ -55,8 +55,11 @@ def handle(args: argparse.Namespace) -> int:
         from ..store import Store
 
         with Store.open(run_dir) as store:
+            drain = store.get_meta("drain_timeout")
             cfg = orjson.loads(store.get_meta("config_json") or "{}")
-        timeout = float((cfg.get("engine") or {}).get("drain_timeout", 60.0)) + 30.0
+        if drain is None:
+            drain = (cfg.get("engine") or {}).get("drain_timeout", 60.0)
+        timeout = float(drain) + 30.0
     deadline = time.monotonic() + timeout
     picked_up_warned = False
     started = time.monotonic()

@@ -137,6 +137,8 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
     try:
         for k, v in meta_for(cfg, tokenizer_fingerprint=fingerprint, shard=shard_s).items():
             store.set_meta(k, v)
+        drain = cfg.engine.drain_timeout if opts.drain_timeout is None else opts.drain_timeout
+        store.set_meta("drain_timeout", repr(drain))  # for `specgen stop`
         clear_control(run_dir)  # a stop request left for an earlier session
         return asyncio.run(_main(cfg, opts, store, reader, renderer, tokenizer, stages, shard,
                                  live))

@@ -790,6 +790,8 @@ class Engine:
     # ---------------------------------------------------------------------------------------
     # the session
     async def run(self, on_tick=None) -> Outcome:
+        self._event("session_start", None, None, ", ".join(
+            f"{d.name} at row {d.rows_read}" for d in self.datasets))
         ticker = asyncio.get_running_loop().create_task(self._ticker(on_tick))
         try:
             await self._dispatch()
