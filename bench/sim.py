@@ -89,11 +89,17 @@ def stats(root: str) -> dict:
 
 # -- load generators ------------------------------------------------------------------------
 def wrk_load(url: str, seconds: float, connections: int, workdir: Path) -> None:
+    # Every request has its own user message (no two bodies alike), like a real run.
+    head, tail = json.dumps(BODY).split("Paris")
     script = workdir / "post.lua"
     script.write_text(
         'wrk.method = "POST"\n'
-        f"wrk.body = {json.dumps(json.dumps(BODY))}\n"
         'wrk.headers["Content-Type"] = "application/json"\n'
+        "local n = 0\n"
+        "request = function()\n"
+        "  n = n + 1\n"
+        f"  return wrk.format(nil, nil, nil, {json.dumps(head)} .. 'Paris #' .. n .. {json.dumps(tail)})\n"
+        "end\n"
     )
     subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s",
                     "-s", str(script), url], check=True, capture_output=True)
@@ -103,20 +109,22 @@ def _aiohttp_worker(url: str, seconds: float, concurrency: int, out) -> None:
     import aiohttp
 
     async def main() -> None:
-        body = json.dumps(BODY).encode()
         done = errors = 0
         deadline = time.monotonic() + seconds
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as s:
-            async def loop() -> None:
+            async def loop(k: int) -> None:
                 nonlocal done, errors
+                n = 0
                 while time.monotonic() < deadline:
+                    n += 1
+                    body = json.dumps(BODY).replace("Paris", f"Paris #{k}.{n}").encode()
                     async with s.post(url, data=body,
                                       headers={"Content-Type": "application/json"}) as r:
                         await r.read()
                         done += r.status == 200
                         errors += r.status != 200
-            await asyncio.gather(*(loop() for _ in range(concurrency)))
+            await asyncio.gather(*(loop(k) for k in range(concurrency)))
         out.put((done, errors))
 
     asyncio.run(main())
@@ -131,20 +139,26 @@ def aiohttp_load(url: str, seconds: float, connections: int) -> None:
 
 
 def _hold_worker(url: str, n: int, out) -> None:
+    import resource
+
     import aiohttp
 
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n + 100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 1000), hard))
+
     async def main() -> None:
-        body = json.dumps(BODY).encode()
         conn = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
-            async def one() -> int:
+            async def one(k: int) -> int:
+                body = json.dumps(BODY).replace("Paris", f"Paris #{k}").encode()
                 async with s.post(url, data=body,
                                   headers={"Content-Type": "application/json"}) as r:
                     await r.read()
                     return r.status
             t0 = time.monotonic()
-            statuses = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+            statuses = await asyncio.gather(*(one(k) for k in range(n)), return_exceptions=True)
             out.put((time.monotonic() - t0, sum(1 for x in statuses if x == 200)))
 
     asyncio.run(main())

@@ -249,6 +249,15 @@ def test_start_in_thread_serves_and_stops():
     handle.stop()  # idempotent
 
 
+def test_start_in_thread_serves_the_given_models():
+    with start_in_thread(None, models=["acme/model-x"], renderer="kimi-k2-instruct") as handle:
+        req = urllib.request.Request(handle.url + "/chat/completions", data=json.dumps({
+            "model": "acme/model-x", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.load(r)["model"] == "acme/model-x-20260127"
+
+
 def test_start_in_thread_raises_config_errors(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("raw_rate = 5")

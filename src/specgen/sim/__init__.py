@@ -14,16 +14,17 @@ In-process use (the engine's ``base_url = "sim"``)::
     handle.stop()
 
 ``start_in_thread(config, *, seed=None, tokenizer=None, renderer=None, host="127.0.0.1",
-port=0)`` runs the server on its own event loop in a daemon thread and returns once it is
+port=0, models=None)`` runs the server on its own event loop in a daemon thread and returns once it is
 listening. ``tokenizer`` (a loaded `Tokenizer` or a spec such as ``"demo"`` or a model
 directory) and ``renderer`` (a renderer name) override the config, so the simulator can use
-exactly the run's target. Inside a running event loop use ``await start(...)`` (same
+exactly the run's target; ``models`` (slugs) overrides the served models. Inside a running event loop use ``await start(...)`` (same
 arguments), which returns a `SimServer` with ``.url`` and ``await .stop()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,12 +41,17 @@ if TYPE_CHECKING:
 __all__ = ["SimConfig", "SimHandle", "SimServer", "load_sim_config", "start", "start_in_thread"]
 
 
-def _config(config: SimConfig | str | Path | None) -> SimConfig:
+def _config(config: SimConfig | str | Path | None, models: list[str] | None = None) -> SimConfig:
     if config is None:
-        return SimConfig()
-    if isinstance(config, SimConfig):
-        return config
-    return load_sim_config(config)
+        cfg = SimConfig()
+    elif isinstance(config, SimConfig):
+        cfg = config
+    else:
+        cfg = load_sim_config(config)
+    if models:
+        cfg = dataclasses.replace(cfg, models=list(models))
+        cfg.validate()
+    return cfg
 
 
 @dataclass
@@ -76,13 +82,14 @@ class SimServer:
 
 async def start(config: SimConfig | str | Path | None = None, *, seed: int | None = None,
                 tokenizer: Tokenizer | str | None = None, renderer: str | None = None,
-                host: str = "127.0.0.1", port: int = 0) -> SimServer:
+                host: str = "127.0.0.1", port: int = 0,
+                models: list[str] | None = None) -> SimServer:
     """Start the simulator in the running event loop; port 0 picks a free port."""
     from aiohttp import web
 
     from .server import Simulator
 
-    sim = Simulator(_config(config), seed=seed, tokenizer=tokenizer, renderer=renderer)
+    sim = Simulator(_config(config, models), seed=seed, tokenizer=tokenizer, renderer=renderer)
     runner = web.AppRunner(sim.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
@@ -139,7 +146,8 @@ class SimHandle:
 
 def start_in_thread(config: SimConfig | str | Path | None = None, *, seed: int | None = None,
                     tokenizer: Tokenizer | str | None = None, renderer: str | None = None,
-                    host: str = "127.0.0.1", port: int = 0) -> SimHandle:
+                    host: str = "127.0.0.1", port: int = 0,
+                    models: list[str] | None = None) -> SimHandle:
     """Start the simulator on a new event loop in a daemon thread; returns once listening.
     Errors while starting (bad config, missing tokenizer) are raised here."""
     loop = asyncio.new_event_loop()
@@ -151,7 +159,7 @@ def start_in_thread(config: SimConfig | str | Path | None = None, *, seed: int |
         try:
             box["server"] = loop.run_until_complete(
                 start(config, seed=seed, tokenizer=tokenizer, renderer=renderer, host=host,
-                      port=port))
+                      port=port, models=models))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             box["error"] = exc
             ready.set()

@@ -15,8 +15,8 @@ from .routing import VARIANT_SORT, BadRequest, parse_preferences
 
 # Body keys that count as "parameters" for provider.require_parameters.
 PARAMETER_NAMES = frozenset(DEFAULT_SUPPORTED_PARAMETERS) | {"max_completion_tokens"}
-_NUMERIC = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-            "repetition_penalty")
+_NUMERIC = frozenset({"temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+                      "presence_penalty", "repetition_penalty"})
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
@@ -66,7 +66,7 @@ def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}]: expected an object with a string 'role'")
         content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
+        if content is not None and not isinstance(content, (str, list)):  # noqa: UP038
             raise BadRequest(f"messages[{i}].content: expected a string, an array or null")
     tools = body.get("tools")
     if tools is not None:
@@ -100,9 +100,10 @@ def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -
         stop = [stop]
     elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise BadRequest("stop: expected a string or an array of strings")
-    for key in _NUMERIC:
-        value = body.get(key)
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+    for key in _NUMERIC.intersection(body):
+        value = body[key]
+        if value is not None and (not isinstance(value, (int, float))  # noqa: UP038
+                                  or isinstance(value, bool)):
             raise BadRequest(f"{key}: expected a number")
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
@@ -118,7 +119,7 @@ def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -
         reasoning_max_tokens=r_max, exclude_reasoning=exclude,
         provider=parse_preferences(body.get("provider")),
         params={("max_tokens" if k == "max_completion_tokens" else k)
-                for k in body if k in PARAMETER_NAMES},
+                for k in PARAMETER_NAMES.intersection(body)},
         want_ids=want or ids_header, seed=seed,
         prior_tool_calls=sum(len(m.get("tool_calls") or ()) for m in messages
                              if m["role"] == "assistant" and isinstance(m.get("tool_calls"), list)),

@@ -24,13 +24,20 @@ _CHECK_TEXTS = (
 )
 
 
+CACHE_PIECE_CHARS = 8192  # plain-text pieces up to this long are remembered ...
+CACHE_TOTAL_CHARS = 1 << 18  # ... up to this many characters in all
+
+
 class FastEncoder:
     """`encode(text)` equal to `tokenizer.encode(text)`, faster on short texts."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self._encode_ordinary = tokenizer.encode_ordinary
-        self._short: dict[str, list[int]] = {}  # role names and other short pieces
+        # Pieces seen before (role names, system prompts, tool declarations, earlier turns),
+        # bounded by their total length.
+        self._cache: dict[str, list[int]] = {}
+        self._cached_chars = 0
         self._special = dict(tokenizer.special_tokens)
         self._lengths = sorted({len(s) for s in self._special}, reverse=True)
         # When every special token is "<...>" or "[...]" with no other bracket inside (Kimi's
@@ -53,14 +60,19 @@ class FastEncoder:
         )
 
     def _ordinary(self, text: str) -> list[int]:
-        if len(text) > 24:
-            return self._encode_ordinary(text)
-        ids = self._short.get(text)
-        if ids is None:
-            if len(self._short) > 4096:
-                self._short.clear()
-            ids = self._short[text] = self._encode_ordinary(text)
-        return list(ids)
+        ids = self._cache.get(text)
+        if ids is not None:
+            return list(ids)
+        ids = self._encode_ordinary(text)
+        n = len(text)
+        if n <= CACHE_PIECE_CHARS:
+            if self._cached_chars + n > CACHE_TOTAL_CHARS:
+                self._cache.clear()
+                self._cached_chars = 0
+            self._cache[text] = ids
+            self._cached_chars += n
+            return list(ids)
+        return ids
 
     def encode(self, text: str) -> list[int]:
         if not self.active:

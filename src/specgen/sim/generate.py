@@ -76,6 +76,9 @@ class Model:
         self._by_bytes: dict[bytes, int] | None = None
         self._special_ids = frozenset(tokenizer.id_to_special)
         self.fast = self.bank.exact and all(self._check_template(t) for t in (True, False))
+        # Whether each renderer's completions open with reasoning (K2-Instruct never thinks).
+        self._thinks = {t: bool(r.thinking and getattr(r, "has_thinking", True))
+                        for t, r in renderers.items()}
 
     # -- sampling -------------------------------------------------------------------------
     def sample_length(self, rng: random.Random) -> int:
@@ -90,9 +93,9 @@ class Model:
 
     def generate(self, req: GenRequest, rng: random.Random) -> Generated:
         renderer = self.renderers[req.thinking]
-        thinking = bool(renderer.thinking and getattr(renderer, "has_thinking", True))
+        thinking = self._thinks[req.thinking]
         total = self.sample_length(rng)
-        calls = self._tool_calls(req, rng)
+        calls = self._tool_calls(req, rng) if req.tools or req.force_raw_tool_call else []
         reasoning_n = 0
         if thinking:
             share = self.cfg.length.reasoning_share * EFFORT_FACTOR.get(req.effort or "medium", 1.0)

@@ -29,6 +29,7 @@ from .config import ProviderConfig, SimConfig
 from .fastenc import FastTokenizer
 from .faults import FALLBACK_FAULTS, HTTP_FAULTS, draw, error_body, moderation_error, provider_error
 from .generate import GenRequest, Model
+from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
 from .serving import Served, Server
 from .stats import Stats
@@ -62,7 +63,7 @@ class Simulator:
         self.serving = Server(self.tok)
         self.stats = Stats()
         self.spent = 0.0
-        self._seen: dict[int, int] = {}
+        self._seen: dict[bytes, int] = {}
         self._seed_key = hashlib.blake2b(str(self.seed).encode(), digest_size=16).digest()
         self.generations: OrderedDict[str, tuple] = OrderedDict()
         self.started_at = time.time()
@@ -206,7 +207,7 @@ class Simulator:
         except BadRequest as exc:
             return _json(400, error_body(400, str(exc))), "bad_request"
         del body
-        rng, answer_seed, content_seed, gen_bits = self._rngs(raw, req.seed)
+        rng, answer_key, content_key = self._rngs(raw, req.seed)
         del raw
         if cfg.credit_limit_usd is not None and self.spent >= cfg.credit_limit_usd:
             return _json(402, error_body(
@@ -258,13 +259,14 @@ class Simulator:
 
         quirks = frozenset(q for q, rate in provider.quirks.items()
                            if rate > 0 and rng.random() < rate)
-        rng.release()  # nothing more is drawn before the answer: no state held while waiting
+        now = time.time()
+        gen_id = f"gen-{int(now)}-{rng.getrandbits(64):016x}"
+        del rng  # nothing more is drawn before the answer: hold no state while waiting
         if self.model.fast:
             req.messages = []  # the answer needs only what parse_chat_request kept
-        now = time.time()
         ctx = _Ctx(req=req, provider=provider, quirks=quirks, prompt_ids=prompt_ids,
-                   gen_id=f"gen-{int(now)}-{gen_bits:016x}", created=int(now), latency=latency,
-                   fault=fault, answer_seed=answer_seed, content_seed=content_seed)
+                   gen_id=gen_id, created=int(now), latency=latency, fault=fault,
+                   answer_key=answer_key, content_key=content_key)
         if fault == "slow_first_byte":
             await asyncio.sleep(cfg.slow_first_byte_s)
         if req.stream:
@@ -283,8 +285,8 @@ class Simulator:
         """Sample the completion and serve it: sets ctx.served, ctx.usage, ctx.resegmented
         and the draws the rest of the answer needs (ctx.draw)."""
         req, provider = ctx.req, ctx.provider
-        rng = random.Random(ctx.answer_seed)
-        content_rng = rng if ctx.content_seed is None else random.Random(ctx.content_seed)
+        rng = HashRandom(ctx.answer_key)
+        content_rng = rng if ctx.content_key is None else HashRandom(ctx.content_key)
         gen = self.model.generate(GenRequest(
             messages=req.messages, tools=req.tools, thinking=req.thinking,
             prior_tool_calls=req.prior_tool_calls, history_tool=req.history_tool,
@@ -304,26 +306,22 @@ class Simulator:
         ctx.usage = self._usage(provider, n_prompt, ctx.served, rng)
         ctx.draw = rng.random()  # where a failing answer breaks off, which error shape
 
-    def _rngs(self, raw: bytes, seed: int | None) -> tuple[_LazyRandom, int, int | None, int]:
+    def _rngs(self, raw: bytes, seed: int | None) -> tuple[HashRandom, bytes, bytes | None]:
         """Randomness of one request, from the sim seed, the body and how many times this
-        exact body was seen before (docs/sim.md, "Determinism"): (lazy rng for routing,
-        faults and quirks; seed of the answer; seed of the content when the request has a
-        `seed`, else None; bits of the generation id)."""
+        exact body was seen before (docs/sim.md, "Determinism"): (rng for routing, faults
+        and quirks; key of the answer's rng; key of the content's rng when the request has a
+        `seed`, else None)."""
         digest = hashlib.blake2b(raw, digest_size=16, key=self._seed_key).digest()
-        key = int.from_bytes(digest[:8], "little")
         seen = self._seen
         if len(seen) >= _SEEN_LIMIT:
             seen.clear()
-        occurrence = seen.get(key, 0)
-        seen[key] = occurrence + 1
-        d = hashlib.blake2b(digest + occurrence.to_bytes(8, "little"), digest_size=32).digest()
-        content_seed = None
+        occurrence = seen.get(digest, 0)
+        seen[digest] = occurrence + 1
+        base = digest + occurrence.to_bytes(8, "little") if occurrence else digest
+        content = None
         if seed is not None:
-            content_seed = int.from_bytes(hashlib.blake2b(
-                digest + seed.to_bytes(16, "little", signed=True), digest_size=16).digest(),
-                "little")
-        return (_LazyRandom(int.from_bytes(d[:16], "little")), int.from_bytes(d[16:24], "little"),
-                content_seed, int.from_bytes(d[24:], "little"))
+            content = b"c" + digest + (seed & ((1 << 128) - 1)).to_bytes(16, "little")
+        return HashRandom(b"p" + base), b"a" + base, content
 
     def _usage(self, p: ProviderConfig, n_prompt: int, served: Served, rng: random.Random
                ) -> dict[str, Any]:
@@ -561,7 +559,7 @@ class _Ctx:
     """Everything about one request being answered."""
 
     __slots__ = ("req", "provider", "quirks", "served", "usage", "prompt_ids", "resegmented",
-                 "answer_seed", "content_seed", "draw", "gen_id", "created", "latency", "fault",
+                 "answer_key", "content_key", "draw", "gen_id", "created", "latency", "fault",
                  "response")
 
     def __init__(self, **kw: Any):
@@ -572,26 +570,6 @@ class _Ctx:
         self.draw = 0.0
         for k, v in kw.items():
             setattr(self, k, v)
-
-
-class _LazyRandom:
-    """A random.Random built on first use and dropped by `release()`: most requests draw
-    nothing before their answer, and none should hold 2.5 KB of state while they wait."""
-
-    __slots__ = ("_seed", "_rng")
-
-    def __init__(self, seed: int):
-        self._seed = seed
-        self._rng: random.Random | None = None
-
-    def release(self) -> None:
-        self._rng = None
-
-    def __getattr__(self, name: str):
-        rng = self._rng
-        if rng is None:
-            rng = self._rng = random.Random(self._seed)
-        return getattr(rng, name)
 
 
 class _Aborted(web.StreamResponse):

@@ -11,7 +11,6 @@ tokenizer), `exact` is False and callers encode the text themselves.
 from __future__ import annotations
 
 import random
-from array import array
 from bisect import bisect_left
 from collections.abc import Callable
 
@@ -19,7 +18,7 @@ from .words import EMOJI, HAN, WORDS
 
 END_MARKS = (".", ".", ".", ".", "?", "!")
 PARAGRAPH_MARKS = (".\n\n", ".\n\n", "?\n\n", ":\n\n")
-PASSAGES = 96  # pre-made passages ...
+PASSAGES = 32  # pre-made passages ...
 PASSAGE_TOKENS = 4096  # ... of about this many tokens
 FAST_MAX = 1536  # texts up to this long are sliced from a passage
 NUMBERS = ("2", "3", "7", "12", "42", "64", "100", "256", "1024", "2025", "3.5", "0.75")
@@ -54,9 +53,13 @@ class TextBank:
         self.size = size
         # Long pre-made texts: a request's text is a slice from a paragraph start to the first
         # sentence end past the wanted length (two C-speed slices instead of a loop).
-        self.passages: list[tuple[str, array, list[int], list[int], list[int], list[int]]] = []
+        # Ids are kept as lists of shared int objects: slicing a list is a pointer copy,
+        # while turning an array slice into a list would allocate every int again.
+        self.passages: list[tuple[str, list[int], list[int], list[int], list[int], list[int]]] = []
+        interned: dict[int, int] = {}
         for _ in range(PASSAGES):
-            self.passages.append(self._passage(rng))
+            text, ids, *marks = self._passage(rng)
+            self.passages.append((text, [interned.setdefault(i, i) for i in ids], *marks))
         self.exact = self.check(random.Random(seed ^ 0x5EED), 64)
 
     def _passage(self, rng: random.Random):
@@ -65,7 +68,7 @@ class TextBank:
         starts_chr = [c for t, c, opens in marks if opens and t < PASSAGE_TOKENS - FAST_MAX]
         ends_tok = [t for t, _, _ in marks[1:]] + [len(ids)]
         ends_chr = [c for _, c, _ in marks[1:]] + [len(text)]
-        return text, array("I", ids), starts_tok, starts_chr, ends_tok, ends_chr
+        return text, ids, starts_tok, starts_chr, ends_tok, ends_chr
 
     def _core(self, rng: random.Random, ws: list[str]) -> tuple[str, list[int]]:
         parts = []
@@ -97,7 +100,7 @@ class TextBank:
         k = int(rng.random() * len(starts_tok))
         t0, c0 = starts_tok[k], starts_chr[k]
         j = bisect_left(ends_tok, t0 + n_tokens)
-        return text[c0:ends_chr[j]], ids[t0:ends_tok[j]].tolist()
+        return text[c0:ends_chr[j]], ids[t0:ends_tok[j]]
 
     def _sentences(self, rng: random.Random, n_tokens: int,
                    marks: list[tuple[int, int, bool]] | None) -> tuple[str, list[int]]:
