@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from email.utils import formatdate
@@ -481,3 +482,98 @@ def _take(b: Balancer, ep):
     ep.in_flight += 1
     ep.requests += 1
     return ep
+
+
+# -- the frame shortcut (frames.py) gives exactly what the full parser gives -------------------
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+_PIECE = st.one_of(_TEXT, st.sampled_from(
+    ['"', "\\", '\\"', '"},"token_ids":[', '"}', "]", "[", "\n", "\u2028", "é", "😀",
+     '","reasoning":"x', '"content":"', "data: ", "\\u0041"]))
+
+
+def _encode(obj, style: int) -> bytes:
+    if style == 0:
+        return orjson.dumps(obj)
+    return json.dumps(obj, ensure_ascii=style == 1, separators=(",", ":") if style < 3
+                      else (", ", ": ")).encode()
+
+
+@st.composite
+def token_streams(draw):
+    style = draw(st.integers(0, 3))
+    with_ids = draw(st.booleans())
+    ids_first = draw(st.booleans())
+    head = {"id": "gen-x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "provider": "P"}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None}]}]
+    n = draw(st.integers(1, 25))
+    for _ in range(n):
+        field = draw(st.sampled_from(["content", "reasoning", "reasoning_content"]))
+        text = draw(_PIECE)
+        delta = {field: text}
+        if draw(st.booleans()):
+            delta["role"] = "assistant"
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        if with_ids:
+            ids = draw(st.lists(st.integers(0, 2**32 - 1), max_size=3))
+            choice = ({"token_ids": ids, **choice} if ids_first else {**choice, "token_ids": ids})
+        if draw(st.integers(0, 9)) == 0:  # now and then something a frame must not swallow
+            choice["finish_reason"] = draw(st.sampled_from(["stop", "length", "error", "ok"]))
+        chunks.append({**head, "choices": [choice]})
+    chunks.append({**head, "choices": [], "usage": {"completion_tokens": n}})
+    data = b"".join(b"data: " + _encode(c, style) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    cuts = draw(st.lists(st.integers(1, 60), max_size=20))
+    return data, cuts
+
+
+def _outcome(data: bytes, cuts: list[int], fast: bool):
+    StreamParser.FAST = fast
+    try:
+        return parse_stream(data, cuts)
+    except ApiError as err:
+        return (err.kind, err.message)
+    finally:
+        StreamParser.FAST = True
+
+
+@settings(max_examples=300, deadline=None)
+@given(token_streams())
+def test_frames_match_the_full_parser(stream):
+    data, cuts = stream
+    assert _outcome(data, cuts, True) == _outcome(data, cuts, False)
+
+
+def test_frames_are_used_for_plain_token_chunks():
+    chunks = [delta(content=f"t{i}") for i in range(50)] + [STREAM[5], STREAM[6]]
+    p = StreamParser()
+    p.feed(sse(*chunks))
+    assert p._learns == 1 and len(p._frames) == 1  # one frame served 49 chunks
+    r = p.finish()
+    assert r.content == "".join(f"t{i}" for i in range(50)) and r.finish_reason == "stop"
+    # with true ids in every chunk (vLLM / the simulator) and reasoning then content
+    chunks = ([{"choices": [{"index": 0, "delta": {"reasoning": f"r{i}"}, "token_ids": [i]}]}
+               for i in range(20)]
+              + [{"choices": [{"index": 0, "delta": {"content": f"c{i}"}, "token_ids": [100 + i]}]}
+                 for i in range(20)] + [STREAM[5]])
+    p = StreamParser()
+    p.feed(sse(*chunks))
+    assert p._learns == 2
+    r = p.finish()
+    assert r.reasoning == "".join(f"r{i}" for i in range(20))
+    assert r.content == "".join(f"c{i}" for i in range(20))
+    assert r.completion_token_ids == list(range(20)) + [100 + i for i in range(20)]
+
+
+def test_a_frame_does_not_swallow_bad_ids_or_broken_strings():
+    good = delta(content="a")
+    bad_ids = {**good, "choices": [{**good["choices"][0], "token_ids": [-1]}]}
+    with pytest.raises(ApiError) as e:
+        parse_stream(sse(good, good, bad_ids, STREAM[5]))
+    assert e.value.kind == "invalid_response"
+    frame = orjson.dumps(good)
+    broken = frame.replace(b'"content":"a"', b'"content":"a","reasoning":"b"')
+    r = parse_stream(b"data: " + frame + b"\n\ndata: " + frame + b"\n\ndata: " + broken
+                     + b"\n\n" + sse(STREAM[5]))
+    assert r.content == "aaa" and r.reasoning == "b"

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from . import frames as _frames
 from .errors import describe_error, snippet
 from .types import ApiError, ChatResponse, RawToolCall
 
@@ -189,7 +190,12 @@ class StreamParser:
         "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
+        "_frames", "_learns",
     )
+
+    FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
+    MAX_FRAMES = 4
+    MAX_LEARNS = 16  # frames learnt per stream at most (a server whose chunks never repeat)
 
     def __init__(self) -> None:
         self._buf = b""
@@ -210,6 +216,8 @@ class StreamParser:
         self.error: Any = None  # a top-level error chunk or choices[0].error; raised at finish
         self.done = False  # saw [DONE]
         self.events = 0  # JSON chunks seen
+        self._frames: list[_frames.Frame] = []
+        self._learns = 0
 
     def feed(self, block: bytes) -> None:
         """Consume the next bytes of the body (any split: mid-line, mid-CRLF, many events)."""
@@ -221,9 +229,19 @@ class StreamParser:
         self._buf = events.pop()
         if len(self._buf) > MAX_LINE:
             raise _invalid(f"stream event longer than {MAX_LINE} bytes")
-        ready = []
+        frames = self._frames
         for ev in events:
-            if ev[:6] == b"data: " and b"\n" not in ev:  # the common case: one data line
+            if frames:
+                for frame in frames:
+                    hit = frame.match(ev)
+                    if hit is not None and self._take(frame, *hit):
+                        break
+                else:
+                    hit = None
+                if hit is not None:
+                    continue
+            simple = ev[:6] == b"data: " and b"\n" not in ev  # the common form: one data line
+            if simple:
                 payload = ev[6:]
             elif not ev:
                 continue
@@ -233,11 +251,47 @@ class StreamParser:
                     continue
             if payload == b"[DONE]":
                 self.done = True
-                break
+                return
             if payload:
-                ready.append(payload)
-        if ready:
-            self._apply(self._decoded(ready))
+                self._full(payload, ev if simple else None)
+                if self.done:
+                    return
+
+    def _full(self, payload: bytes, event: bytes | None) -> None:
+        """Decode and apply one payload; learn a frame from it when it is a plain token chunk
+        (`event`: its whole SSE event when that is the simple one-line form)."""
+        try:
+            chunk = _loads(payload)
+        except _JSONDecodeError:
+            self._apply(self._decoded([payload]))  # lenient forms, else the error
+            return
+        self._apply((chunk,))
+        if (event is not None and self.FAST and self._learns < self.MAX_LEARNS
+                and self._seen_choices):
+            frame = _frames.learn(event, chunk)
+            if frame is not None:
+                self._learns += 1
+                self._frames.insert(0, frame)
+                del self._frames[self.MAX_FRAMES:]
+
+    def _take(self, frame: _frames.Frame, text: str, ids: list[Any] | None) -> bool:
+        """Apply a chunk matched by `frame`; False (nothing changed) when its ids are bad."""
+        if ids:
+            try:
+                checked = array("I", ids)
+            except (TypeError, OverflowError):
+                return False  # the full parser reports it
+            if self._completion_ids is None:
+                self._completion_ids = checked
+            else:
+                self._completion_ids.extend(checked)
+        self.events += 1
+        if text:
+            if frame.field == "content":
+                self._content.append(text)
+            else:
+                self._reasoning.append(text)
+        return True
 
     def _slow_event(self, ev: bytes) -> bytes | None:
         """The data of an event that is more than one `data: ...` line (comments, other
