@@ -32,7 +32,7 @@ _IDS_KEY = b'"token_ids":['
 class Frame:
     """The constant bytes around one text slot and, optionally, one token-ids slot."""
 
-    __slots__ = ("prefix", "mid", "suffix", "field", "ids_first", "_lp", "_ls", "_lm")
+    __slots__ = ("prefix", "mid", "suffix", "field", "ids_first", "into", "_lp", "_ls", "_lm")
 
     def __init__(self, prefix: bytes, mid: bytes | None, suffix: bytes, field: str,
                  ids_first: bool):
@@ -41,6 +41,7 @@ class Frame:
         self.suffix = suffix
         self.field = field  # which delta field the text slot is
         self.ids_first = ids_first
+        self.into: list[str] | None = None  # where the parser collects this field's text
         self._lp = len(prefix)
         self._ls = len(suffix)
         self._lm = len(mid) if mid is not None else 0

@@ -234,8 +234,15 @@ class StreamParser:
             if frames:
                 for frame in frames:
                     hit = frame.match(ev)
-                    if hit is not None and self._take(frame, *hit):
-                        break
+                    if hit is None:
+                        continue
+                    text, ids = hit
+                    if ids and not self._add_ids(ids):
+                        continue  # bad ids: the full parser reports them
+                    if text:
+                        frame.into.append(text)  # type: ignore[union-attr]
+                    self.events += 1
+                    break
                 else:
                     hit = None
                 if hit is not None:
@@ -270,27 +277,21 @@ class StreamParser:
                 and self._seen_choices):
             frame = _frames.learn(event, chunk)
             if frame is not None:
+                frame.into = self._content if frame.field == "content" else self._reasoning
                 self._learns += 1
                 self._frames.insert(0, frame)
                 del self._frames[self.MAX_FRAMES:]
 
-    def _take(self, frame: _frames.Frame, text: str, ids: list[Any] | None) -> bool:
-        """Apply a chunk matched by `frame`; False (nothing changed) when its ids are bad."""
-        if ids:
-            try:
-                checked = array("I", ids)
-            except (TypeError, OverflowError):
-                return False  # the full parser reports it
-            if self._completion_ids is None:
-                self._completion_ids = checked
-            else:
-                self._completion_ids.extend(checked)
-        self.events += 1
-        if text:
-            if frame.field == "content":
-                self._content.append(text)
-            else:
-                self._reasoning.append(text)
+    def _add_ids(self, ids: list[Any]) -> bool:
+        """Append a frame's token ids; False (nothing changed) when they are not valid ids."""
+        try:
+            checked = array("I", ids)
+        except (TypeError, OverflowError):
+            return False
+        if self._completion_ids is None:
+            self._completion_ids = checked
+        else:
+            self._completion_ids.extend(checked)
         return True
 
     def _slow_event(self, ev: bytes) -> bytes | None:
