@@ -12,6 +12,13 @@ core is measured alone:
 
 Run:  .venv/bin/python bench/sim.py [--runs 5] [--seconds 5] [--hold 5000] [--client aiohttp]
 Prints the median over the runs, with the machine noted.
+
+`--inprocess N` instead runs N requests straight through the chat handler (aiohttp's mocked
+request, no sockets) and prints microseconds per request; under
+`valgrind --tool=cachegrind --cache-sim=no` the difference between two N gives instructions per
+request, a number a busy machine does not disturb (docs/benchmarks/sim.md).
+`--baseline` serves a fixed 2.5 KB JSON answer with plain aiohttp: the framework's own cost
+per request, to compare with.
 """
 
 from __future__ import annotations
@@ -55,13 +62,14 @@ latency_s = {latency}
 """
 
 
-def start_server(latency: float, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_server(latency: float, workdir: Path, baseline: bool = False
+                 ) -> tuple[subprocess.Popen, str]:
     cfg = workdir / f"sim-{latency}.toml"
     cfg.write_text(CONFIG.format(latency=latency))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specgen", "sim", "--port", "0", "--config", str(cfg)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )
+    cmd = ([sys.executable, __file__, "--serve-baseline"] if baseline else
+           [sys.executable, "-m", "specgen", "sim", "--port", "0", "--config", str(cfg)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
     line = proc.stdout.readline().strip()
     if not line.startswith("specgen sim listening on "):
         proc.kill()
@@ -165,8 +173,38 @@ def _hold_worker(url: str, n: int, out) -> None:
 
 
 # -- scenarios ------------------------------------------------------------------------------
-def throughput(args, workdir: Path) -> list[tuple[float, float]]:
-    proc, root = start_server(0.0, workdir)
+def serve_baseline() -> None:
+    """Plain aiohttp answering every POST with a fixed 2.5 KB JSON body (and counting)."""
+    from aiohttp import web
+
+    body = json.dumps({"choices": [{"message": {"content": "x" * 2500}}]}).encode()
+    count = {"completed": 0}
+
+    async def chat(request: web.Request) -> web.Response:
+        json.loads(await request.content.read())
+        count["completed"] += 1
+        return web.Response(body=body, content_type="application/json")
+
+    async def stats_(request: web.Request) -> web.Response:
+        return web.json_response(count)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/api/v1/chat/completions", chat)
+        app.router.add_get("/sim/stats", stats_)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        print(f"specgen sim listening on http://127.0.0.1:{port}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def throughput(args, workdir: Path, baseline: bool = False) -> list[tuple[float, float]]:
+    proc, root = start_server(0.0, workdir, baseline)
     url = root + "/api/v1/chat/completions"
     results = []
     try:
@@ -215,6 +253,41 @@ def hold(args, workdir: Path) -> list[tuple[int, float, float, int]]:
     return results
 
 
+def inprocess(n: int) -> None:
+    from specgen.sim import load_sim_config
+    from specgen.sim.server import Simulator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sim.toml"
+        path.write_text(CONFIG.format(latency=0.0))
+        sim = Simulator(load_sim_config(path))
+
+    class Request:  # what the non-stream chat handler reads from an aiohttp request
+        headers = {"Content-Type": "application/json"}
+        transport = None
+
+        def __init__(self, raw: bytes):
+            self.content = self
+
+            async def read() -> bytes:
+                return raw
+
+            self.read = read
+
+    bodies = [json.dumps(BODY).replace("Paris", f"Paris #{k}").encode() for k in range(n)]
+
+    async def run() -> float:
+        t0 = time.process_time()
+        for raw in bodies:
+            resp = await sim.chat(Request(raw))
+            assert resp.status == 200
+        return time.process_time() - t0
+
+    cpu = asyncio.run(run())
+    print(f"in-process: {n} requests, {cpu / max(n, 1) * 1e6:.1f} us CPU per request "
+          f"(handler only, no sockets)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -223,7 +296,17 @@ def main() -> None:
     ap.add_argument("--hold", type=int, default=5000)
     ap.add_argument("--client", choices=("auto", "wrk", "aiohttp"), default="auto")
     ap.add_argument("--only", choices=("throughput", "hold"))
+    ap.add_argument("--inprocess", type=int, metavar="N")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also measure plain aiohttp with a fixed answer, for comparison")
+    ap.add_argument("--serve-baseline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_baseline:
+        serve_baseline()
+        return
+    if args.inprocess is not None:
+        inprocess(args.inprocess)
+        return
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -235,6 +318,11 @@ def main() -> None:
             res = throughput(args, workdir)
             print(f"  median: {statistics.median(r[0] for r in res):,.0f} req/s wall, "
                   f"{statistics.median(r[1] for r in res):,.0f} req per server CPU-second")
+            if args.baseline:
+                print("baseline: plain aiohttp, fixed 2.5 KB answer, same load")
+                res = throughput(args, workdir, baseline=True)
+                print(f"  median: {statistics.median(r[0] for r in res):,.0f} req/s wall, "
+                      f"{statistics.median(r[1] for r in res):,.0f} req per server CPU-second")
         if args.only in (None, "hold"):
             print(f"hold: 1 s latency, {args.hold} concurrent requests")
             res = hold(args, workdir)

@@ -62,12 +62,19 @@ def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: required non-empty array")
+    prior_calls = 0
+    history_tool = None
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest(f"messages[{i}]: expected an object with a string 'role'")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):  # noqa: UP038
             raise BadRequest(f"messages[{i}].content: expected a string, an array or null")
+        calls = m.get("tool_calls")
+        if calls and isinstance(calls, list):
+            if m["role"] == "assistant":
+                prior_calls += len(calls)
+            history_tool = _last_tool_name(calls) or history_tool
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):
@@ -121,19 +128,16 @@ def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -
         params={("max_tokens" if k == "max_completion_tokens" else k)
                 for k in PARAMETER_NAMES.intersection(body)},
         want_ids=want or ids_header, seed=seed,
-        prior_tool_calls=sum(len(m.get("tool_calls") or ()) for m in messages
-                             if m["role"] == "assistant" and isinstance(m.get("tool_calls"), list)),
-        history_tool=_history_tool(messages),
+        prior_tool_calls=prior_calls, history_tool=history_tool,
     )
 
 
-def _history_tool(messages: list[dict[str, Any]]) -> str | None:
-    for m in reversed(messages):
-        calls = m.get("tool_calls")
-        for call in calls if isinstance(calls, list) else ():
-            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
-            if isinstance(name, str) and name:
-                return name
+def _last_tool_name(calls: list[Any]) -> str | None:
+    for call in reversed(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str) and name:
+            return name
     return None
 
 

@@ -87,35 +87,19 @@ def route(providers: Sequence[ProviderConfig], model: str, prefs: dict[str, Any]
     if not serving:
         raise NoEndpoints("no_endpoints", f"No endpoints found for {model}.")
     left = serving
-    if prefs.get("only"):
-        left = [p for p in left if _matches(p, prefs["only"])]
-    if prefs.get("ignore"):
-        left = [p for p in left if not _matches(p, prefs["ignore"])]
-    if prefs.get("quantizations"):
-        allowed = set(prefs["quantizations"])
-        left = [p for p in left if p.quantization in allowed]
-    if prefs.get("data_collection") == "deny":
-        left = [p for p in left if not p.collects_data]
-    if prefs.get("zdr"):
-        left = [p for p in left if p.zdr]
-    if prefs.get("enforce_distillable_text"):
-        left = [p for p in left if p.distillable]
-    max_price = prefs.get("max_price") or {}
-    if "prompt" in max_price:
-        left = [p for p in left if p.prompt_price_per_m <= max_price["prompt"]]
-    if "completion" in max_price:
-        left = [p for p in left if p.completion_price_per_m <= max_price["completion"]]
+    if prefs:
+        left = _filter(left, prefs, params)
     if has_tools:
         left = [p for p in left if "tools" in p.supported_parameters]
-    if prefs.get("require_parameters"):
-        left = [p for p in left if params <= set(p.supported_parameters)]
     if not left:
         raise NoEndpoints(
             "constraint_filtered",
             f"No endpoints found that can handle the requested parameters and provider "
             f"preferences for {model}. {len(serving)} endpoint(s) were filtered out.",
         )
-    ordered = _order(left, prefs.get("sort") or sort, rng)
+    ordered = _order(left, (prefs.get("sort") if prefs else None) or sort, rng)
+    if not prefs:
+        return ordered
     allow_fallbacks = prefs.get("allow_fallbacks")
     allow_fallbacks = True if allow_fallbacks is None else allow_fallbacks
     order = prefs.get("order") or []
@@ -135,6 +119,32 @@ def route(providers: Sequence[ProviderConfig], model: str, prefs: dict[str, Any]
             return listed
         return listed + [p for p in ordered if p not in listed]
     return ordered if allow_fallbacks else ordered[:1]
+
+
+def _filter(left: list[ProviderConfig], prefs: dict[str, Any], params: set[str]
+            ) -> list[ProviderConfig]:
+    """The endpoints the preference filters keep."""
+    if prefs.get("only"):
+        left = [p for p in left if _matches(p, prefs["only"])]
+    if prefs.get("ignore"):
+        left = [p for p in left if not _matches(p, prefs["ignore"])]
+    if prefs.get("quantizations"):
+        allowed = set(prefs["quantizations"])
+        left = [p for p in left if p.quantization in allowed]
+    if prefs.get("data_collection") == "deny":
+        left = [p for p in left if not p.collects_data]
+    if prefs.get("zdr"):
+        left = [p for p in left if p.zdr]
+    if prefs.get("enforce_distillable_text"):
+        left = [p for p in left if p.distillable]
+    max_price = prefs.get("max_price") or {}
+    if "prompt" in max_price:
+        left = [p for p in left if p.prompt_price_per_m <= max_price["prompt"]]
+    if "completion" in max_price:
+        left = [p for p in left if p.completion_price_per_m <= max_price["completion"]]
+    if prefs.get("require_parameters"):
+        left = [p for p in left if params <= set(p.supported_parameters)]
+    return left
 
 
 def _order(ps: list[ProviderConfig], sort: str | None, rng: random.Random) -> list[ProviderConfig]:

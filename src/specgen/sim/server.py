@@ -562,14 +562,24 @@ class _Ctx:
                  "answer_key", "content_key", "draw", "gen_id", "created", "latency", "fault",
                  "response")
 
-    def __init__(self, **kw: Any):
+    def __init__(self, req: ChatRequest, provider: ProviderConfig, quirks: frozenset[str],
+                 prompt_ids: array, gen_id: str, created: int, latency: float,
+                 fault: str | None, answer_key: bytes, content_key: bytes | None):
+        self.req = req
+        self.provider = provider
+        self.quirks = quirks
+        self.prompt_ids = prompt_ids
+        self.gen_id = gen_id
+        self.created = created
+        self.latency = latency
+        self.fault = fault
+        self.answer_key = answer_key
+        self.content_key = content_key
         self.response: web.StreamResponse | None = None
         self.served: Served | None = None
         self.usage: dict[str, Any] = {}
         self.resegmented = 0
         self.draw = 0.0
-        for k, v in kw.items():
-            setattr(self, k, v)
 
 
 class _Aborted(web.StreamResponse):
