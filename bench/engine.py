@@ -135,24 +135,30 @@ async def openai_loop(url: str, n: int, conc: int, stream: bool, seconds: float)
     ok = 0
     stop_at = time.time() + seconds
 
+    errors = 0
+
     async def one(i: int) -> None:
-        nonlocal ok
+        nonlocal ok, errors
         async with sem:
             if time.time() > stop_at:
                 return
             b = body(i, stream)
-            if stream:
-                resp = await client.chat.completions.create(**b)
-                async for _ in resp:
-                    pass
-            else:
-                await client.chat.completions.create(**b)
+            try:
+                if stream:
+                    resp = await client.chat.completions.create(**b)
+                    async for _ in resp:
+                        pass
+                else:
+                    await client.chat.completions.create(**b)
+            except Exception:  # noqa: BLE001 - counted: the SDK's pool times out under load
+                errors += 1
+                return
             ok += 1
     t0 = time.time()
     await asyncio.gather(*(one(i) for i in range(n)))
     wall = time.time() - t0
     await client.close()
-    return {"requests": ok, "wall": wall}
+    return {"requests": ok, "errors": errors, "wall": wall}
 
 
 def specgen_run(url: str, n: int, conc: int, stream: bool, data: Path, workdir: Path,
@@ -287,9 +293,10 @@ def main() -> None:
                     sim.terminate()
                     sim.wait()
                 results[mode].append(res)
+                errs = f"  ({res['errors']:,} errors)" if res.get("errors") else ""
                 print(f"run {r + 1} {mode:8s} {res['requests']:>7,} req  {res['rps']:8.1f} req/s"
-                      f"  {res['cpu_ms']:6.3f} ms CPU/req  peak RSS {res['rss_mb']:6.1f} MB",
-                      flush=True)
+                      f"  {res['cpu_ms']:6.3f} ms CPU/req  peak RSS {res['rss_mb']:6.1f} MB"
+                      f"{errs}", flush=True)
     print("\nmedians:")
     bare_rps = statistics.median(x["rps"] for x in results["bare"]) if "bare" in results else None
     for mode, rs in results.items():

@@ -104,6 +104,7 @@ class Engine:
         self.events_logged: set[tuple[str, str]] = set()
         self.rejected_in_a_row = 0
         self.final_state: str | None = None  # set when the session ends
+        self._running = False  # dispatching (finished attempts top up the slots)
         self.started_at = time.time()
 
     # ---------------------------------------------------------------------------------------
@@ -453,6 +454,8 @@ class Engine:
             exc = task.exception()
             log.error("internal error while handling an answer: %r", exc, exc_info=exc)
             self.fatal = self.fatal or f"internal error: {exc!r}"
+        if self._running:
+            self._top_up()
         self._wake.set()
 
     def _has_work(self) -> bool:
@@ -462,19 +465,33 @@ class Engine:
             return True
         return bool(self._admissible())
 
+    def _top_up(self) -> None:
+        """Launch jobs while there is room under the limit. Called by the dispatch loop and
+        after every finished attempt, so a burst of answers is replaced by new requests
+        straight away rather than after the whole burst has been processed."""
+        while len(self.inflight) < self.limit.limit and not (self.stopping or self.fatal):
+            job = self._pick()
+            if job is None:
+                self._fill()  # the ready queues ran dry: admit more conversations
+                job = self._pick()
+                if job is None:
+                    return
+            self._launch(job)
+
     async def _dispatch(self) -> None:
         """Keep the limit's worth of requests in flight until there is nothing left to do,
         a stop was asked, or a fatal error happened."""
+        self._running = True
+        try:
+            await self._dispatch_loop()
+        finally:
+            self._running = False
+
+    async def _dispatch_loop(self) -> None:
         while not (self.stopping or self.fatal):
             due_in = self._release_due()
             more = self._fill()
-            while len(self.inflight) < self.limit.limit and not (self.stopping or self.fatal):
-                job = self._pick()
-                if job is None:
-                    break
-                self._launch(job)
-                if len(self.inflight) % 64 == 0:
-                    self._fill()
+            self._top_up()
             if self.stopping or self.fatal:
                 break
             if not self.inflight and not self._has_work():
