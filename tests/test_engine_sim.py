@@ -487,3 +487,27 @@ def test_two_base_urls_share_the_load(tmp_path, clean_sim):
     finally:
         other.stop()
     assert set(urls) == {clean_sim.url, other.url} and min(urls.values()) >= 10
+
+
+def test_an_answer_that_breaks_the_normaliser_is_quarantined_not_fatal(tmp_path, clean_sim):
+    import dataclasses
+
+    from specgen.engine.stages import default_stages
+
+    real = default_stages()
+    calls = {"n": 0}
+
+    def flaky_normalize(resp, **kw):
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            raise KeyError("a field the normaliser did not expect")
+        return real.normalize(resp, **kw)
+
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(12))
+    path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}])
+    cfg, outcome = go(path, stages=dataclasses.replace(real, normalize=flaky_normalize))
+    assert outcome.state == "finished"
+    st = run_status(cfg.run_dir)["datasets"]["a"]
+    assert st["done"] == 8 and st["quarantined"] == 4
+    assert st["quarantine_reasons"] == {"normalize_error": 4}
+    check_store(cfg.run_dir)

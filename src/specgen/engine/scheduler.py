@@ -647,6 +647,11 @@ class Engine:
         except RenderError as exc:
             self._quarantine(job, resp, "render_error", common, pstats, detail=str(exc))
             return
+        except Exception as exc:  # noqa: BLE001 - one odd answer must not stop the run
+            log.exception("normalising an answer from %s failed", provider)
+            self._quarantine(job, resp, "normalize_error", common, pstats,
+                             detail=f"{type(exc).__name__}: {exc}")
+            return
         self.rejected_in_a_row = 0
         pstats.ok += 1
         if latency is not None:
