@@ -511,3 +511,22 @@ def test_an_answer_that_breaks_the_normaliser_is_quarantined_not_fatal(tmp_path,
     assert st["done"] == 8 and st["quarantined"] == 4
     assert st["quarantine_reasons"] == {"normalize_error": 4}
     check_store(cfg.run_dir)
+
+
+def test_retry_failed_sends_failed_tasks_again(tmp_path, clean_sim):
+    strict = SimProcess(tmp_path, CLEAN + "[faults]\nmoderation = 0.4\n", name="strict")
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(20))
+        path = write_config(tmp_path, strict.url, [{"name": "a", "path": "a.jsonl"}])
+        cfg, outcome = go(path)
+    finally:
+        strict.stop()
+    failed = run_status(cfg.run_dir)["datasets"]["a"]["failed"]
+    assert outcome.state == "finished" and failed > 0
+    path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}])
+    go(path)  # a plain rerun leaves failed tasks alone
+    assert run_status(cfg.run_dir)["datasets"]["a"]["failed"] == failed
+    cfg, outcome = go(path, retry_failed=True)
+    st = run_status(cfg.run_dir)["datasets"]["a"]
+    assert outcome.state == "finished" and (st["done"], st["failed"]) == (20, 0)
+    check_store(cfg.run_dir)
