@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import random
 import socket
 import struct
@@ -34,12 +33,10 @@ from .routing import BadRequest, NoEndpoints, route
 from .serving import Served, Server
 from .stats import Stats
 
-log = logging.getLogger("specgen.sim")
-
 KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"
 IDS_HEADER = "X-Specgen-Return-Token-Ids"
-_SEEN_LIMIT = 250_000  # distinct request bodies remembered for the occurrence counter
+_SEEN_LIMIT = 50_000  # distinct request bodies remembered for the occurrence counter (~5 MB)
 GENERATION_LOG = 10_000  # completed generations kept for GET /generation
 
 
