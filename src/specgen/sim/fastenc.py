@@ -60,9 +60,10 @@ class FastEncoder:
         )
 
     def _ordinary(self, text: str) -> list[int]:
+        """Ids of plain text; may be a cached list: callers extend with it, never change it."""
         ids = self._cache.get(text)
         if ids is not None:
-            return list(ids)
+            return ids
         ids = self._encode_ordinary(text)
         n = len(text)
         if n <= CACHE_PIECE_CHARS:
@@ -71,8 +72,27 @@ class FastEncoder:
                 self._cached_chars = 0
             self._cache[text] = ids
             self._cached_chars += n
-            return list(ids)
         return ids
+
+    def _encode_angle(self, text: str) -> list[int]:
+        """`_encode_split` for text without "[": candidates run from a "<" to the next ">"."""
+        chunks = text.split("<")
+        special = self._special
+        out: list[int] = []
+        plain = chunks[0]
+        for chunk in chunks[1:]:
+            j = chunk.find(">")
+            tid = special.get("<" + chunk[:j + 1]) if j >= 0 else None
+            if tid is None:
+                plain += "<" + chunk
+                continue
+            if plain:
+                out += self._ordinary(plain)
+            out.append(tid)
+            plain = chunk[j + 1:]
+        if plain:
+            out += self._ordinary(plain)
+        return out
 
     def encode(self, text: str) -> list[int]:
         if not self.active:
@@ -83,7 +103,7 @@ class FastEncoder:
         if self._split is not None:
             return self._encode_split(text)
         if self._starts is None:
-            return self._ordinary(text)
+            return list(self._ordinary(text))
         out: list[int] = []
         pos = 0
         special = self._special
@@ -104,9 +124,11 @@ class FastEncoder:
         return out
 
     def _encode_split(self, text: str) -> list[int]:
+        if "[" not in text:
+            return self._encode_angle(text)
         parts = self._split(text)
         if len(parts) == 1:
-            return self._ordinary(text) if text else []
+            return list(self._ordinary(text)) if text else []
         special = self._special
         out: list[int] = []
         plain = parts[0]  # plain text not yet encoded (candidates that are not special join it)

@@ -57,6 +57,7 @@ class Simulator:
                               "is not a Kimi renderer (kimi-k2.5, kimi-k2-thinking, "
                               "kimi-k2-instruct)")
         self.model = Model(cfg, self.tok, self.renderers, seed=self.seed)
+        self._stop_ids = self.renderers[True].stop_token_ids  # a property that builds a set
         self.serving = Server(self.tok)
         self.stats = Stats()
         self.spent = 0.0
@@ -296,7 +297,7 @@ class Simulator:
                          provider.max_completion_tokens, provider.context_length - n_prompt)
         ctx.served = self.serving.serve(
             gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
-            stop_ids=gen.renderer.stop_token_ids, max_tokens=max_tokens, stop=req.stop,
+            stop_ids=self._stop_ids, max_tokens=max_tokens, stop=req.stop,
             has_tools=bool(req.tools), marks=gen.marks, known=gen.known, quirks=ctx.quirks,
             exclude_reasoning=req.exclude_reasoning, rng=rng)
         ctx.resegmented = gen.resegmented
@@ -436,7 +437,7 @@ class Simulator:
         s = ctx.served
         half = max(1, len(s.ids) // 2)
         return self.serving.serve(s.ids, start_in_reasoning=ctx.req.thinking and self.renderers[
-            ctx.req.thinking].prompt_opens_think, stop_ids=self.renderers[True].stop_token_ids,
+            ctx.req.thinking].prompt_opens_think, stop_ids=self._stop_ids,
             max_tokens=half, has_tools=bool(ctx.req.tools))
 
     # -- stream ---------------------------------------------------------------------------
