@@ -220,7 +220,8 @@ class Simulator:
         renderer = self.renderers[req.thinking]
         try:
             prompt_ids = array("I", renderer.prompt_ids(req.messages, req.tools))
-        except (RenderError, NotImplementedError, TypeError, ValueError, KeyError) as exc:
+        except (RenderError, NotImplementedError, TypeError, ValueError, KeyError,
+                AttributeError) as exc:
             return _json(400, error_body(400, f"messages could not be rendered: {exc}")), "bad_request"
         n_prompt = len(prompt_ids)
         fitting = [p for p in candidates if n_prompt < p.context_length]
