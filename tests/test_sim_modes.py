@@ -174,3 +174,22 @@ def test_keys_and_credits(tmp_path):
         assert sim.stats()["failed"]["credits"] == statuses.count(402)
     finally:
         sim.stop()
+
+
+def test_cli_reports_config_errors_and_prints_the_config(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[faults]\nrate_limit = 3\n")
+    run = subprocess.run([sys.executable, "-m", "specgen", "sim", "--config", str(bad)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "faults.rate_limit" in run.stderr and str(bad) in run.stderr
+    good = tmp_path / "good.toml"
+    good.write_text('models = ["a/b"]\n[[providers]]\nname = "Solo"\n')
+    run = subprocess.run([sys.executable, "-m", "specgen", "sim", "--config", str(good),
+                          "--print-config"], capture_output=True, text=True, timeout=120)
+    cfg = json.loads(run.stdout)
+    assert run.returncode == 0 and cfg["models"] == ["a/b"]
+    assert cfg["providers"][0]["tag"] == "solo"
