@@ -237,6 +237,8 @@ def main() -> None:
                     help="split each SSE answer into this many writes (1 = one write)")
     ap.add_argument("--spread", type=float, default=0.0,
                     help="seconds over which the SSE writes are spread (0 = all at once)")
+    ap.add_argument("--tune-gc", action="store_true",
+                    help="clients run with gc.set_threshold(50000, 20, 100)")
     ap.add_argument("--clients", default="bare,specgen,openai")
     ap.add_argument("--modes", default="stream,non-stream")
     ap.add_argument("--json", help="also write the raw results here")
@@ -252,6 +254,10 @@ def main() -> None:
         serve(args.port, args.tokens, args.writes, args.spread)
         return
     if args.worker:
+        if args.tune_gc:
+            import gc
+
+            gc.set_threshold(50_000, 20, 100)
         expected = canned(args.tokens)[2]
         res = asyncio.run(measure(args.worker, args.url, args.mode == "stream",
                                   args.concurrency, args.duration, args.warmup, expected))
@@ -274,7 +280,7 @@ def main() -> None:
                         [sys.executable, "-P", __file__, "--worker", kind, "--url", url, "--mode",
                          mode, "--concurrency", str(args.concurrency), "--duration",
                          str(args.duration), "--warmup", str(args.warmup), "--tokens",
-                         str(args.tokens)],
+                         str(args.tokens)] + (["--tune-gc"] if args.tune_gc else []),
                         capture_output=True, text=True, timeout=600)
                     if out.returncode != 0:
                         print(out.stderr[-2000:], file=sys.stderr)
@@ -292,9 +298,10 @@ def main() -> None:
     print()
     print(machine_note())
     spread = f" spread over {args.spread:g} s" if args.spread else " at once"
+    gc_note = ", clients with gc.set_threshold(50000, 20, 100)" if args.tune_gc else ""
     print(f"concurrency {args.concurrency}, {args.tokens}-token answers, "
           f"{args.writes} write(s) per SSE answer{spread}, {args.runs} runs x "
-          f"{args.duration:g} s; medians:")
+          f"{args.duration:g} s{gc_note}; medians:")
     print("| client | mode | req/s | client CPU ms/req | vs bare req/s |")
     print("|---|---|---:|---:|---:|")
     for mode in modes:
