@@ -15,7 +15,6 @@ from specgen.config import ConfigError
 from specgen.conversation import AssistantMessage, ToolCall
 from specgen.render import get_renderer
 from specgen.sim import SimConfig, load_sim_config, start, start_in_thread
-from specgen.sim.fastenc import FastEncoder, FastTokenizer
 from specgen.sim.generate import GenRequest, Model
 from specgen.sim.schema import ArgumentGenerator
 from specgen.sim.serving import Server
@@ -56,11 +55,10 @@ def test_config_errors_name_the_key(tmp_path, text, needle):
 
 # -- generation ------------------------------------------------------------------------------
 def _model(tok, renderer="kimi-k2.5", **cfg_kw):
-    fast = FastTokenizer(tok)
-    renderers = {t: get_renderer(renderer, fast, thinking=t) for t in (True, False)}
+    renderers = {t: get_renderer(renderer, tok, thinking=t) for t in (True, False)}
     cfg = SimConfig(**cfg_kw)
     cfg.validate()
-    return Model(cfg, fast, renderers, seed=0), renderers
+    return Model(cfg, tok, renderers, seed=0), renderers
 
 
 @pytest.mark.parametrize("which", ["demo", "kimi-k2.5"])
@@ -156,20 +154,6 @@ def test_stream_deltas_carry_every_id_once():
 
 
 # -- fast encoder ----------------------------------------------------------------------------
-@pytest.mark.parametrize("which", ["demo", "kimi-k2.5"])
-def test_fast_encoder_equals_encode(request, which):
-    tok = request.getfixturevalue("demo_tokenizer" if which == "demo" else "kimi_tokenizer")
-    enc = FastEncoder(tok)
-    assert enc.active
-    rng = random.Random(5)
-    specials = list(tok.special_tokens)[:40] + ["<", ">", "[", "]", "<|", "|>", "<think", " "]
-    words = ["hello", " world", "中文", "\U0001F600", "\n\n", "  ", "x<y", "[a]", "1234"]
-    for _ in range(500):
-        text = "".join(rng.choice(specials if rng.random() < 0.3 else words)
-                       for _ in range(rng.randint(0, 12)))
-        assert enc.encode(text) == tok.encode(text), text
-
-
 # -- arguments -------------------------------------------------------------------------------
 def _valid(value, schema, root) -> bool:
     if "$ref" in schema:

@@ -18,6 +18,7 @@ import binascii
 import hashlib
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -166,8 +167,14 @@ class TiktokenTokenizer(Tokenizer):
         )
         self.chat_template = _read_chat_template(path, self.config)
 
+        self._splitter = SpecialSplitter(self.special_tokens, self._enc.encode_ordinary)
+        if not self._splitter.agrees_with(lambda t: self._enc.encode(t, allowed_special="all")):
+            self._splitter = None
+
     def encode(self, text: str) -> list[int]:
-        return self._enc.encode(text, allowed_special="all")
+        if self._splitter is None:
+            return self._enc.encode(text, allowed_special="all")
+        return self._splitter.encode(text)
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
@@ -181,6 +188,81 @@ class TiktokenTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._n_vocab
+
+
+# Pieces of plain text remembered by SpecialSplitter: role names, system prompts, tool
+# declarations and earlier turns recur across requests. Bounded by total characters.
+PIECE_CACHE_MAX_PIECE = 8192
+PIECE_CACHE_MAX_TOTAL = 1 << 20
+
+
+class SpecialSplitter:
+    """Encode with every special token allowed, without tiktoken's per-call special scan.
+
+    tiktoken's `encode(allowed_special="all")` converts the special set on every call (~50 us,
+    whatever the text length). This finds special-token text itself and BPE-encodes the plain
+    text between specials with `encode_ordinary` — what tiktoken does too, so the ids are the
+    same as long as no special token is a prefix of another (checked; otherwise unused).
+    """
+
+    _CHECK_TEXTS = (
+        "",
+        "plain words, numbers 12345 and   spaces\n\n",
+        "<|im_user|>user<|im_middle|>Hello <think>x</think> y<|im_end|>",
+        "a<|im_end|>b<|im_end|><|im_end|> [EOS] <| not special |> <thinking> [x] <<|im_end|>>",
+        "中文 text \U0001F600 and \u2728! <|reserved_token_999999|> [",
+    )
+
+    def __init__(self, special_tokens: dict[str, int], encode_ordinary):
+        self._special = dict(special_tokens)
+        self._encode_ordinary = encode_ordinary
+        self._lengths = sorted({len(t) for t in self._special}, reverse=True)
+        starts = "".join(sorted({t[0] for t in self._special if t}))
+        self._finder = re.compile("[" + re.escape(starts) + "]") if starts else None
+        names = sorted(self._special)
+        self.prefix_free = "" not in self._special and not any(
+            b.startswith(a) for a, b in zip(names, names[1:], strict=False)
+        )
+        self._cache: dict[str, list[int]] = {}
+        self._cached_chars = 0
+
+    def agrees_with(self, reference) -> bool:
+        """True when this splitter can stand in for `reference` (same ids on check texts)."""
+        texts = self._CHECK_TEXTS + tuple(self._special)[:64]
+        return self.prefix_free and all(self.encode(t) == reference(t) for t in texts)
+
+    def _plain(self, text: str) -> list[int]:
+        ids = self._cache.get(text)
+        if ids is None:
+            ids = self._encode_ordinary(text)
+            if len(text) <= PIECE_CACHE_MAX_PIECE:
+                if self._cached_chars + len(text) > PIECE_CACHE_MAX_TOTAL:
+                    self._cache.clear()
+                    self._cached_chars = 0
+                self._cache[text] = ids
+                self._cached_chars += len(text)
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        if self._finder is None:
+            return list(self._plain(text)) if text else out
+        special, lengths, pos = self._special, self._lengths, 0
+        for m in self._finder.finditer(text):
+            p = m.start()
+            if p < pos:
+                continue
+            for n in lengths:
+                tid = special.get(text[p:p + n])
+                if tid is not None:
+                    if p > pos:
+                        out += self._plain(text[pos:p])
+                    out.append(tid)
+                    pos = p + n
+                    break
+        if pos < len(text):
+            out += self._plain(text[pos:])
+        return out
 
 
 class HFTokenizer(Tokenizer):

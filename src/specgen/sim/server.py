@@ -25,7 +25,6 @@ from ..render.kimi import KimiRenderer
 from ..tokenizer import Tokenizer, load_tokenizer
 from .chat_request import ChatRequest, parse_chat_request
 from .config import ProviderConfig, SimConfig
-from .fastenc import FastTokenizer
 from .faults import FALLBACK_FAULTS, HTTP_FAULTS, draw, error_body, moderation_error, provider_error
 from .generate import GenRequest, Model
 from .rand import HashRandom
@@ -48,8 +47,7 @@ class Simulator:
         self.cfg = cfg = cfg or SimConfig()
         self.seed = cfg.seed if seed is None else seed
         tok = tokenizer if tokenizer is not None else cfg.tokenizer
-        base = load_tokenizer(tok) if isinstance(tok, str) else tok
-        self.tok = FastTokenizer(base)
+        self.tok = load_tokenizer(tok) if isinstance(tok, str) else tok
         name = renderer or cfg.renderer
         self.renderers = {t: get_renderer(name, self.tok, thinking=t) for t in (True, False)}
         if not isinstance(self.renderers[True], KimiRenderer):
