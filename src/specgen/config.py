@@ -252,14 +252,14 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         )
     cfg = RunConfig(
         run_dir=_resolve(base, _require(raw, "run_dir", str, where)),
-        target=_build(TargetConfig, raw.get("target"), "target", where),
-        endpoint=_build(EndpointConfig, endpoint_raw, "endpoint", where),
-        sampling=_build(SamplingConfig, raw.get("sampling", {}), "sampling", where),
-        budget=_build(BudgetConfig, raw.get("budget", {}), "budget", where),
-        engine=_build(EngineConfig, raw.get("engine", {}), "engine", where),
-        sim=_build(SimSection, raw.get("sim", {}), "sim", where),
+        target=build_table(TargetConfig, raw.get("target"), "target", where),
+        endpoint=build_table(EndpointConfig, endpoint_raw, "endpoint", where),
+        sampling=build_table(SamplingConfig, raw.get("sampling", {}), "sampling", where),
+        budget=build_table(BudgetConfig, raw.get("budget", {}), "budget", where),
+        engine=build_table(EngineConfig, raw.get("engine", {}), "engine", where),
+        sim=build_table(SimSection, raw.get("sim", {}), "sim", where),
         datasets=[
-            _build(DatasetConfig, d, f"dataset[{i}]", where) for i, d in enumerate(datasets_raw)
+            build_table(DatasetConfig, d, f"dataset[{i}]", where) for i, d in enumerate(datasets_raw)
         ],
         source=path,
     )
@@ -429,7 +429,7 @@ def _check_provider(provider: Any, where: str) -> None:
         )
 
 
-def _build(cls: type, raw: Any, name: str, where: str):
+def build_table(cls: type, raw: Any, name: str, where: str):
     """Instantiate dataclass `cls` from a TOML table, checking keys and types."""
     raw = _table(raw, name, where)
     hints = typing.get_type_hints(cls)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import QUANTIZATIONS, ConfigError, _build
+from ..config import QUANTIZATIONS, ConfigError, build_table
 
 # Parameters a provider may support (OpenRouter's `supported_parameters` vocabulary).
 DEFAULT_SUPPORTED_PARAMETERS = [
@@ -185,7 +185,7 @@ class SimConfig:
         for key, sub in (("length", LengthConfig), ("tool_calls", ToolCallConfig),
                          ("faults", FaultRates)):
             if key in raw:
-                nested[key] = _build(sub, raw.pop(key), key, where)
+                nested[key] = build_table(sub, raw.pop(key), key, where)
         if "providers" in raw:
             providers_raw = raw.pop("providers")
             if not isinstance(providers_raw, list) or not providers_raw:
@@ -197,7 +197,7 @@ class SimConfig:
         if isinstance(raw.get("models"), str):
             raw["models"] = [raw["models"]]
         raw.pop("source", None)
-        cfg = _build(cls, raw, "sim", where)
+        cfg = build_table(cls, raw, "sim", where)
         for key, value in nested.items():
             setattr(cfg, key, value)
         cfg.validate(where)
@@ -293,9 +293,9 @@ def _provider(raw: Any, name: str, where: str) -> ProviderConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [{name}] must be a table")
     raw = dict(raw)
-    faults = _build(FaultRates, raw.pop("faults", {}), f"{name}.faults", where)
-    quirks = _build(QuirkRates, raw.pop("quirks", {}), f"{name}.quirks", where)
-    p = _build(ProviderConfig, raw, name, where)
+    faults = build_table(FaultRates, raw.pop("faults", {}), f"{name}.faults", where)
+    quirks = build_table(QuirkRates, raw.pop("quirks", {}), f"{name}.quirks", where)
+    p = build_table(ProviderConfig, raw, name, where)
     p.faults, p.quirks = faults, quirks
     return p
 
