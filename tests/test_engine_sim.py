@@ -530,3 +530,22 @@ def test_retry_failed_sends_failed_tasks_again(tmp_path, clean_sim):
     st = run_status(cfg.run_dir)["datasets"]["a"]
     assert outcome.state == "finished" and (st["done"], st["failed"]) == (20, 0)
     check_store(cfg.run_dir)
+
+
+@pytest.mark.parametrize("cap", [3, 500_000])
+def test_dedupe_within_a_session_and_across_sessions(tmp_path, clean_sim, monkeypatch, cap):
+    from specgen.engine import scheduler
+
+    monkeypatch.setattr(scheduler, "SEEN_CAP", cap)  # 3: past the cap, the store decides
+    rows = prompt_rows(10)
+    write_jsonl(tmp_path / "a.jsonl", rows + rows[:4])
+    path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}])
+    cfg, _ = go(path)
+    st = run_status(cfg.run_dir)["datasets"]["a"]
+    assert (st["done"], st["rows_duplicate"]) == (10, 4)
+    # rows appended later, some repeating earlier sessions' conversations
+    write_jsonl(tmp_path / "a.jsonl", rows + rows[:4] + prompt_rows(3, "new") + rows[5:7])
+    go(path)
+    st = run_status(cfg.run_dir)["datasets"]["a"]
+    assert (st["done"], st["rows_duplicate"], st["rows_read"]) == (13, 6, 19)
+    check_store(cfg.run_dir)

@@ -41,6 +41,7 @@ log = logging.getLogger("specgen.engine")
 
 LIVE_FILE = "live.json"  # figures of the running session, for `specgen status`
 REJECTION_BREAKER = 100  # consecutive policy rejections that stop the run (a bad policy)
+SEEN_CAP = 500_000  # conversation ids remembered per dataset and session for dedupe
 ADMIT_CHUNK = 64  # conversations admitted per pass (keeps the loop responsive)
 READ_CHUNK = 2048  # rows read per pass at most (rows of other shards, duplicates...)
 
@@ -128,10 +129,13 @@ class Engine:
             ds.rows_invalid = old.get("rows_invalid", 0)
             ds.rows_duplicate = old.get("rows_duplicate", 0)
             ds.rows_other_shard = old.get("rows_other_shard", 0)
-            ds.exhausted = bool(old.get("exhausted", 0))
+            # A source read to its end before is read again from its cursor: rows appended
+            # since then are picked up (skipping the rows read costs little, in a thread).
+            ds.exhausted = False
             ds.tasks = dict(task_counts.get(dcfg.name, {}))
             ds.convs_by_status = dict(conv_counts.get(dcfg.name, {}))
             ds.conversations = sum(ds.convs_by_status.values())
+            ds.stored_at_start = ds.conversations > 0
             s = spend.get(dcfg.name, {})
             self.budget.add_dataset(
                 dcfg.name, dcfg.token_budget, prompt_tokens=int(s.get("prompt_tokens", 0)),
@@ -238,8 +242,7 @@ class Engine:
             conv: Conversation = row.conversation
             if self.shard is not None and not self.shard.owns(conv.id):
                 ds.rows_other_shard += 1
-            elif (writer.has_uncommitted_conv(ds.name, conv.id)
-                  or self.reader.has_conversation(ds.name, conv.id)):
+            elif self._seen_before(ds, conv.id):
                 ds.rows_duplicate += 1
             else:
                 self._new_conversation(ds, conv, row.index)
@@ -268,6 +271,24 @@ class Engine:
         finally:
             ds.opening = False
             self._wake.set()
+
+    def _seen_before(self, ds: DsRun, conv_id: str) -> bool:
+        """Dedupe: is (dataset, conv_id) already admitted? Conversations of this session are
+        remembered in a set (no query per row); earlier sessions' are looked up in the store.
+        A very large session falls back to the store for everything."""
+        seen = ds.seen
+        if seen is not None:
+            if conv_id in seen:
+                return True
+            if ds.stored_at_start and self.reader.has_conversation(ds.name, conv_id):
+                return True
+            if len(seen) >= SEEN_CAP:
+                ds.seen = None  # from now on: uncommitted ones + the store
+            else:
+                seen.add(conv_id)
+            return False
+        return (self.writer.has_uncommitted_conv(ds.name, conv_id)
+                or self.reader.has_conversation(ds.name, conv_id))
 
     def _new_conversation(self, ds: DsRun, conv: Conversation, row_index: int) -> None:
         self._next_conv += 1

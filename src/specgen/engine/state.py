@@ -44,6 +44,8 @@ class DsRun:
     lookahead: Any = None  # the first row, read by the opener
     blocked: str | None = None  # why it cannot dispatch now ("tokens", "cost"), None if it can
     dirty: bool = True
+    seen: set[str] | None = field(default_factory=set)  # conv ids admitted this session
+    stored_at_start: bool = False  # the store held conversations of it when the session began
 
     @property
     def name(self) -> str:
