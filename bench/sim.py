@@ -282,8 +282,13 @@ def hold(args, workdir: Path) -> list[tuple[int, float, float, int]]:
     return results
 
 
-def inprocess(n: int) -> None:
+def inprocess(n: int, profile: bool = False) -> None:
+    """N requests through the server's HTTP parser and chat handler, no sockets: raw request
+    bytes go into a connection whose transport collects the answers."""
+    import gc
+
     from specgen.sim import load_sim_config
+    from specgen.sim.http import HttpConnection
     from specgen.sim.server import Simulator
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,30 +296,48 @@ def inprocess(n: int) -> None:
         path.write_text(CONFIG.format(latency=0.0))
         sim = Simulator(load_sim_config(path))
 
-    class Request:  # what the non-stream chat handler reads from an aiohttp request
-        headers = {"Content-Type": "application/json"}
-        transport = None
+    class Transport:  # what the connection writes to
+        def __init__(self) -> None:
+            self.ok = 0
 
-        def __init__(self, raw: bytes):
-            self.content = self
+        def write(self, data: bytes) -> None:
+            self.ok += data.startswith(b"HTTP/1.1 200 ")
 
-            async def read() -> bytes:
-                return raw
+        def get_extra_info(self, name: str, default=None):
+            return default
 
-            self.read = read
+    def http(raw: bytes) -> bytes:
+        return (b"POST /api/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
 
-    bodies = [json.dumps(BODY).replace("Paris", f"Paris #{k}").encode() for k in range(n)]
+    requests = [http(json.dumps(BODY).replace("Paris", f"Paris #{k}").encode()) for k in range(n)]
 
     async def run() -> float:
+        sim.attach(asyncio.get_running_loop())
+        transport = Transport()
+        conn = HttpConnection(sim.handle, set())
+        conn.connection_made(transport)
+        gc.freeze()  # as `specgen sim` does once started
+        gc.set_threshold(20_000, 20, 20)
+        if profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = time.process_time()
-        for raw in bodies:
-            resp = await sim.chat(Request(raw))
-            assert resp.status == 200
-        return time.process_time() - t0
+        for raw in requests:
+            conn.data_received(raw)
+        cpu = time.process_time() - t0
+        if profile:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        assert transport.ok == n, transport.ok
+        return cpu
 
     cpu = asyncio.run(run())
     print(f"in-process: {n} requests, {cpu / max(n, 1) * 1e6:.1f} us CPU per request "
-          f"(handler only, no sockets)")
+          f"(HTTP parsing + handler, no sockets)")
 
 
 def main() -> None:
@@ -326,6 +349,7 @@ def main() -> None:
     ap.add_argument("--client", choices=("auto", "wrk", "aiohttp"), default="auto")
     ap.add_argument("--only", choices=("throughput", "hold"))
     ap.add_argument("--inprocess", type=int, metavar="N")
+    ap.add_argument("--profile", action="store_true", help="with --inprocess: cProfile it")
     ap.add_argument("--baseline", action="store_true",
                     help="also measure plain aiohttp with a fixed answer, for comparison")
     ap.add_argument("--serve-baseline", action="store_true", help=argparse.SUPPRESS)
@@ -334,7 +358,7 @@ def main() -> None:
         serve_baseline()
         return
     if args.inprocess is not None:
-        inprocess(args.inprocess)
+        inprocess(args.inprocess, args.profile)
         return
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, python "
           f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f}")

@@ -1,6 +1,6 @@
 """`specgen sim`: a local OpenRouter-compatible simulator with providers, quirks and faults.
 
-A real aiohttp server over real sockets. Completions are sampled as target-model token ids
+A real HTTP server over real sockets (asyncio, `specgen.sim.http`). Completions are sampled as target-model token ids
 with the configured tokenizer and renderer, then turned into API fields the way a serving
 stack does. See docs/sim.md for every knob.
 
@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Any
 from .config import SimConfig, load_sim_config
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from ..tokenizer import Tokenizer
+    from .http import HttpServer
     from .server import Simulator
 
 __all__ = ["SimConfig", "SimHandle", "SimServer", "load_sim_config", "start", "start_in_thread"]
@@ -59,7 +58,7 @@ class SimServer:
     """A running simulator inside the caller's event loop."""
 
     sim: Simulator
-    runner: web.AppRunner
+    http: HttpServer
     host: str
     port: int
 
@@ -77,7 +76,9 @@ class SimServer:
         return self.sim.stats.to_json()
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        """Stop listening, drop the open connections, cancel what they were waiting for."""
+        await self.http.close()
+        await self.sim.close()
 
 
 async def start(config: SimConfig | str | Path | None = None, *, seed: int | None = None,
@@ -85,17 +86,13 @@ async def start(config: SimConfig | str | Path | None = None, *, seed: int | Non
                 host: str = "127.0.0.1", port: int = 0,
                 models: list[str] | None = None) -> SimServer:
     """Start the simulator in the running event loop; port 0 picks a free port."""
-    from aiohttp import web
-
+    from .http import serve
     from .server import Simulator
 
     sim = Simulator(_config(config, models), seed=seed, tokenizer=tokenizer, renderer=renderer)
-    runner = web.AppRunner(sim.app(), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
-    await site.start()
-    bound = runner.addresses[0]
-    return SimServer(sim=sim, runner=runner, host=host, port=int(bound[1]))
+    sim.attach(asyncio.get_running_loop())
+    http = await serve(sim.handle, host, port)
+    return SimServer(sim=sim, http=http, host=host, port=http.port)
 
 
 @dataclass

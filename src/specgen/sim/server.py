@@ -1,23 +1,28 @@
-"""The simulator's HTTP server (aiohttp): OpenRouter's chat API over simulated providers.
+"""The simulator's HTTP application: OpenRouter's chat API over simulated providers.
 
 `Simulator` holds the state (config, tokenizer, renderers, the simulated model, counters) and
-builds the aiohttp application; `start` / `start_in_thread` (in `specgen.sim`) run it.
+answers requests from `specgen.sim.http` (`handle`); `start` / `start_in_thread` (in
+`specgen.sim`) run it. A non-streamed chat request is handled without a task: parsed, routed
+and drawn at once, then parked on a shared timer wheel until its time to first token, and
+answered from the timer callback. Streams (and the rare faults that write in several steps)
+run as one task each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import math
 import random
-import socket
-import struct
 import time
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 import orjson
-from aiohttp import web
 
 from ..render import get_renderer
 from ..render.base import RenderError
@@ -27,20 +32,52 @@ from .chat_request import ChatRequest, parse_chat_request
 from .config import ProviderConfig, SimConfig
 from .faults import FALLBACK_FAULTS, HTTP_FAULTS, draw, error_body, moderation_error, provider_error
 from .generate import GenRequest, Model
+from .http import Request
 from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
 from .serving import Served, Server
 from .stats import Stats
 
+log = logging.getLogger("specgen.sim")
+
 KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"
-IDS_HEADER = "X-Specgen-Return-Token-Ids"
+IDS_HEADER = "x-specgen-return-token-ids"
 _SEEN_LIMIT = 50_000  # distinct request bodies remembered for the occurrence counter (~5 MB)
 GENERATION_LOG = 10_000  # completed generations kept for GET /generation
+WHEEL_TICK = 0.002  # wake-ups are rounded up to this many seconds and share one timer
+_STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                   "X-Accel-Buffering": "no"}
+
+
+class Wheel:
+    """Timers rounded up to `tick` seconds: the callbacks due in one tick share one event-loop
+    timer, so thousands of parked requests with the same latency cost few wake-ups. Never
+    early; at most one tick late."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick: float = WHEEL_TICK):
+        self.loop = loop
+        self.tick = tick
+        self._slots: dict[int, list[tuple[Callable[[Any], None], Any]]] = {}
+
+    def call_later(self, delay: float, fn: Callable[[Any], None], arg: Any) -> None:
+        slot = math.ceil((self.loop.time() + delay) / self.tick)
+        bucket = self._slots.get(slot)
+        if bucket is None:
+            bucket = self._slots[slot] = []
+            self.loop.call_at(slot * self.tick, self._fire, slot)
+        bucket.append((fn, arg))
+
+    def _fire(self, slot: int) -> None:
+        for fn, arg in self._slots.pop(slot, ()):
+            fn(arg)
+
+    def clear(self) -> None:
+        self._slots.clear()
 
 
 class Simulator:
-    """State of one simulator and its aiohttp application."""
+    """State of one simulator; `handle` answers its HTTP requests."""
 
     def __init__(self, cfg: SimConfig | None = None, *, seed: int | None = None,
                  tokenizer: Tokenizer | str | None = None, renderer: str | None = None):
@@ -63,33 +100,62 @@ class Simulator:
         self._seed_key = hashlib.blake2b(str(self.seed).encode(), digest_size=16).digest()
         self.generations: OrderedDict[str, tuple] = OrderedDict()
         self.started_at = time.time()
-
-    # -- app ------------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        r = app.router
+        self._wheel: Wheel | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._routes: dict[str, tuple[str, Callable[[Request], None]]] = {
+            "/sim/stats": ("GET", self.get_stats), "/sim/reset": ("POST", self.reset)}
         for prefix in ("/api/v1", "/v1"):
-            r.add_post(prefix + "/chat/completions", self.chat)
-            r.add_get(prefix + "/models", self.models)
-            r.add_get(prefix + "/models/{author}/{slug}/endpoints", self.endpoints)
-            r.add_get(prefix + "/key", self.key)
-            r.add_get(prefix + "/generation", self.generation)
-        r.add_get("/sim/stats", self.get_stats)
-        r.add_post("/sim/reset", self.reset)
-        return app
+            self._routes.update({
+                prefix + "/chat/completions": ("POST", self.chat),
+                prefix + "/models": ("GET", self.models),
+                prefix + "/key": ("GET", self.key),
+                prefix + "/generation": ("GET", self.generation),
+            })
+
+    # -- http -----------------------------------------------------------------------------
+    def handle(self, request: Request) -> None:
+        """Answer one HTTP request (now or later, through `request`)."""
+        path = request.path
+        target = self._routes.get(path)
+        if target is None:
+            if path.endswith("/endpoints") and path.startswith(("/api/v1/models/", "/v1/models/")):
+                target = ("GET", self.endpoints)
+            else:
+                _json(request, 404, error_body(404, f"Not Found: {path[:200]}"))
+                return
+        method, fn = target
+        if request.method != method:
+            request.respond(405, orjson.dumps(error_body(405, "Method Not Allowed")),
+                            headers={"Allow": method})
+            return
+        fn(request)
+
+    async def close(self) -> None:
+        """Cancel what is still running (after the server stopped taking connections)."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._wheel is not None:
+            self._wheel.clear()
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind the timers to the loop the server runs in."""
+        self._wheel = Wheel(loop)
 
     # -- small endpoints ------------------------------------------------------------------
-    def _auth(self, request: web.Request) -> web.Response | None:
+    def _auth(self, request: Request) -> dict | None:
+        """The 401 body when keys are configured and the request has none of them."""
         if not self.cfg.api_keys:
             return None
-        header = request.headers.get("Authorization", "")
+        header = request.headers.get("authorization", "")
         if not header.startswith("Bearer ") or not header[7:].strip():
-            return _json(401, error_body(401, "No auth credentials found"))
+            return error_body(401, "No auth credentials found")
         if header[7:].strip() not in self.cfg.api_keys:
-            return _json(401, error_body(401, "User not found."))
+            return error_body(401, "User not found.")
         return None
 
-    async def models(self, request: web.Request) -> web.Response:
+    def models(self, request: Request) -> None:
         data = []
         for m in self.cfg.models:
             eps = self._endpoints_of(m)
@@ -105,16 +171,22 @@ class Simulator:
                                  "is_moderated": False},
                 "supported_parameters": sorted({s for p in eps for s in p.supported_parameters}),
             })
-        return _json(200, {"data": data})
+        _json(request, 200, {"data": data})
 
     def _endpoints_of(self, model: str) -> list[ProviderConfig]:
         return [p for p in self.cfg.providers if not p.models or model in p.models]
 
-    async def endpoints(self, request: web.Request) -> web.Response:
-        slug = f"{request.match_info['author']}/{request.match_info['slug']}"
+    def endpoints(self, request: Request) -> None:
+        # .../models/{author}/{slug}/endpoints
+        parts = request.path.split("/models/", 1)[1][:-len("/endpoints")].split("/")
+        if len(parts) != 2 or not all(parts):
+            _json(request, 404, error_body(404, f"Not Found: {request.path[:200]}"))
+            return
+        slug = f"{unquote(parts[0])}/{unquote(parts[1])}"
         model = next((m for m in self.cfg.models if slug in (m, self.cfg.dated(m))), None)
         if model is None:
-            return _json(404, error_body(404, f"No endpoints found for {slug}"))
+            _json(request, 404, error_body(404, f"No endpoints found for {slug}"))
+            return
         eps = [{
             "name": f"{p.name} | {model}", "model_name": model, "context_length": p.context_length,
             "pricing": _pricing(p), "provider_name": p.name, "tag": p.tag,
@@ -125,30 +197,32 @@ class Simulator:
             "latency_last_30m": {"p50": p.latency_s * 1000},
             "throughput_last_30m": {"p50": p.tokens_per_second},
         } for p in self._endpoints_of(model)]
-        return _json(200, {"data": {"id": model, "name": model, "created": 1769472000,
-                                    "description": "Simulated by specgen sim.",
-                                    "architecture": _ARCH, "endpoints": eps}})
+        _json(request, 200, {"data": {"id": model, "name": model, "created": 1769472000,
+                                      "description": "Simulated by specgen sim.",
+                                      "architecture": _ARCH, "endpoints": eps}})
 
-    async def key(self, request: web.Request) -> web.Response:
+    def key(self, request: Request) -> None:
         denied = self._auth(request)
         if denied:
-            return denied
+            _json(request, 401, denied)
+            return
         limit = self.cfg.credit_limit_usd
-        return _json(200, {"data": {
+        _json(request, 200, {"data": {
             "label": "specgen-sim", "limit": limit, "usage": self.spent,
             "limit_remaining": None if limit is None else max(0.0, limit - self.spent),
             "is_free_tier": False, "is_provisioning_key": False,
             "rate_limit": {"requests": -1, "interval": "10s"},
         }})
 
-    async def generation(self, request: web.Request) -> web.Response:
-        gid = request.query.get("id", "")
+    def generation(self, request: Request) -> None:
+        gid = (parse_qs(request.query).get("id") or [""])[0]
         gen = self.generations.get(gid)
         if gen is None:
-            return _json(404, error_body(404, f"Generation {gid} not found"))
+            _json(request, 404, error_body(404, f"Generation {gid} not found"))
+            return
         (provider, cost, n_prompt, n_completion, n_reasoning, n_cached, model, created, finish,
          streamed, latency) = gen
-        return _json(200, {"data": {
+        _json(request, 200, {"data": {
             "id": gid, "total_cost": cost, "provider_name": provider,
             "model": self.cfg.dated(model), "created_at": created,
             "tokens_prompt": n_prompt, "tokens_completion": n_completion,
@@ -158,77 +232,139 @@ class Simulator:
             "streamed": streamed, "cancelled": False, "latency": int(latency * 1000),
         }})
 
-    async def get_stats(self, request: web.Request) -> web.Response:
+    def get_stats(self, request: Request) -> None:
         out = self.stats.to_json()
         out["spent_usd"] = self.spent
         out["credit_limit_usd"] = self.cfg.credit_limit_usd
         out["uptime_s"] = time.time() - self.started_at
         out["seed"] = self.seed
-        return _json(200, out)
+        _json(request, 200, out)
 
-    async def reset(self, request: web.Request) -> web.Response:
+    def reset(self, request: Request) -> None:
         """Zero the counters and the spend (tests)."""
+        in_flight = self.stats.in_flight
         self.stats = Stats()
+        self.stats.in_flight = in_flight  # the open requests still finish (and count down)
         self.spent = 0.0
-        return _json(200, {"ok": True})
+        _json(request, 200, {"ok": True})
 
-    # -- chat -----------------------------------------------------------------------------
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    # -- chat: bookkeeping ------------------------------------------------------------------
+    def chat(self, request: Request) -> None:
         st = self.stats
         st.requests += 1
         st.in_flight += 1
-        outcome = "cancelled"
+        ctx = _Ctx(self, request)
         try:
-            resp, outcome = await self._chat(request)
-            return resp
-        finally:
-            st.in_flight -= 1
-            if outcome == "completed":
-                st.completed += 1
-            else:
-                st.failed[outcome] = st.failed.get(outcome, 0) + 1
+            self._chat(ctx)
+        except Exception:
+            self._crashed(ctx)
 
-    async def _chat(self, request: web.Request) -> tuple[web.StreamResponse, str]:
+    def _finish(self, ctx: _Ctx, outcome: str) -> None:
+        """Count the request's outcome (once)."""
+        if ctx.finished:
+            return
+        ctx.finished = True
+        ctx.step = None
+        st = self.stats
+        st.in_flight -= 1
+        if outcome == "completed":
+            st.completed += 1
+        else:
+            st.failed[outcome] = st.failed.get(outcome, 0) + 1
+
+    def _fail(self, ctx: _Ctx, status: int, body: dict, outcome: str,
+              headers: dict[str, str] | None = None) -> None:
+        self._finish(ctx, outcome)
+        ctx.request.respond(status, orjson.dumps(body), headers=headers)
+
+    def _crashed(self, ctx: _Ctx) -> None:
+        """A bug while answering: log it, answer 500 if nothing was sent, count it."""
+        log.exception("error while answering a chat request")
+        self._finish(ctx, "internal_error")
+        request = ctx.request
+        if request._state == 0:
+            request.keep_alive = False
+            request.respond(500, orjson.dumps(error_body(500, "Internal Server Error")))
+        elif request._state == 1:
+            request.reset()
+
+    def _park(self, ctx: _Ctx, delay: float, step: Callable[[_Ctx], None]) -> None:
+        """Run `step(ctx)` after `delay` seconds unless the client leaves first."""
+        ctx.step = step
+        ctx.request.on_lost = ctx.lost
+        self._wheel.call_later(delay, self._wake, ctx)
+
+    def _wake(self, ctx: _Ctx) -> None:
+        step = ctx.step
+        if step is None:
+            return  # the client went away
+        ctx.step = None
+        ctx.request.on_lost = None
+        try:
+            step(ctx)
+        except Exception:
+            self._crashed(ctx)
+
+    def _lost(self, ctx: _Ctx) -> None:
+        """The client went away while its request was parked or streaming."""
+        if ctx.task is not None:
+            ctx.task.cancel()  # the stream coroutine counts it
+        else:
+            self._finish(ctx, "cancelled")
+
+    def _spawn(self, ctx: _Ctx, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        ctx.task = task
+        ctx.request.on_lost = ctx.lost
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- chat: the request ----------------------------------------------------------------
+    def _chat(self, ctx: _Ctx) -> None:
         cfg = self.cfg
-        raw = await request.content.read()  # (request.read() would keep a copy on the request)
-        denied = self._auth(request)
-        if denied:
-            return denied, "unauthorized"
+        request = ctx.request
+        raw = request.body
+        if cfg.api_keys:
+            denied = self._auth(request)
+            if denied:
+                return self._fail(ctx, 401, denied, "unauthorized")
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            return _json(400, error_body(400, f"request body is not valid JSON: {exc}")), "bad_request"
+            return self._fail(ctx, 400, error_body(
+                400, f"request body is not valid JSON: {exc}"), "bad_request")
         try:
             req = parse_chat_request(body, cfg, ids_header=request.headers.get(IDS_HEADER) == "1")
         except BadRequest as exc:
-            return _json(400, error_body(400, str(exc))), "bad_request"
+            return self._fail(ctx, 400, error_body(400, str(exc)), "bad_request")
         del body
         rng, answer_key, content_key = self._rngs(raw, req.seed)
-        del raw
+        request.body = raw = b""  # hold no body while waiting
         if cfg.credit_limit_usd is not None and self.spent >= cfg.credit_limit_usd:
-            return _json(402, error_body(
+            return self._fail(ctx, 402, error_body(
                 402, "This request requires more credits, or fewer max_tokens. You have "
-                f"spent ${self.spent:.6f} of your ${cfg.credit_limit_usd:g} limit.")), "credits"
+                f"spent ${self.spent:.6f} of your ${cfg.credit_limit_usd:g} limit."), "credits")
         try:
             candidates = route(cfg.providers, req.model, req.provider, params=req.params,
                                has_tools=bool(req.tools), rng=rng, sort=req.sort)
         except NoEndpoints as exc:
-            return _json(404, error_body(404, exc.message, availability={
-                "code": exc.code, "retryable": False})), "no_endpoints"
+            return self._fail(ctx, 404, error_body(404, exc.message, availability={
+                "code": exc.code, "retryable": False}), "no_endpoints")
         renderer = self.renderers[req.thinking]
         try:
             prompt_ids = array("I", renderer.prompt_ids(req.messages, req.tools))
         except (RenderError, NotImplementedError, TypeError, ValueError, KeyError,
                 AttributeError) as exc:
-            return _json(400, error_body(400, f"messages could not be rendered: {exc}")), "bad_request"
+            return self._fail(ctx, 400, error_body(
+                400, f"messages could not be rendered: {exc}"), "bad_request")
         n_prompt = len(prompt_ids)
         fitting = [p for p in candidates if n_prompt < p.context_length]
         if not fitting:
             most = max(p.context_length for p in candidates)
-            return _json(400, error_body(
+            return self._fail(ctx, 400, error_body(
                 400, f"This endpoint's maximum context length is {most} tokens. However, you "
                 f"requested about {n_prompt} tokens. Please reduce the length of the "
-                "messages.")), "bad_request"
+                "messages."), "bad_request")
 
         fault = draw(cfg.faults, rng)
         provider = fitting[0]
@@ -248,11 +384,14 @@ class Simulator:
         latency = provider.latency_s
         if provider.latency_jitter:
             latency *= 1.0 + provider.latency_jitter * (2.0 * rng.random() - 1.0)
+        ctx.provider = provider
         if fault in HTTP_FAULTS:
-            if latency:
-                await asyncio.sleep(latency)
             ps["failed"] += 1
-            return self._http_fault(fault, provider, req, rng), fault
+            ctx.fault = fault
+            ctx.error = self._http_fault(fault, provider, req, rng)
+            if latency > 0:
+                return self._park(ctx, latency, self._send_error)
+            return self._send_error(ctx)
 
         quirks = frozenset(q for q, rate in provider.quirks.items()
                            if rate > 0 and rng.random() < rate)
@@ -261,22 +400,28 @@ class Simulator:
         del rng  # nothing more is drawn before the answer: hold no state while waiting
         if self.model.fast:
             req.messages = []  # the answer needs only what parse_chat_request kept
-        ctx = _Ctx(req=req, provider=provider, quirks=quirks, prompt_ids=prompt_ids,
-                   gen_id=gen_id, created=int(now), latency=latency, fault=fault,
-                   answer_key=answer_key, content_key=content_key)
-        if fault == "slow_first_byte":
-            await asyncio.sleep(cfg.slow_first_byte_s)
+        ctx.setup(req=req, quirks=quirks, prompt_ids=prompt_ids, gen_id=gen_id,
+                  created=int(now), latency=latency, fault=fault, answer_key=answer_key,
+                  content_key=content_key)
         if req.stream:
-            outcome = await self._stream(request, ctx)
-            return ctx.response, outcome
+            return self._spawn(ctx, self._stream(ctx))
         # The answer is sampled after the time to first token, so waiting requests are cheap.
-        if latency > 0:
-            await asyncio.sleep(latency)
+        wait = latency + (cfg.slow_first_byte_s if fault == "slow_first_byte" else 0.0)
+        if wait > 0:
+            return self._park(ctx, wait, self._generated)
+        return self._generated(ctx)
+
+    def _send_error(self, ctx: _Ctx) -> None:
+        status, body, headers = ctx.error
+        self._fail(ctx, status, body, ctx.fault, headers=headers)
+
+    def _generated(self, ctx: _Ctx) -> None:
+        """Time to first token is over: sample the answer; send it once "generated"."""
         self._answer(ctx)
-        tps = provider.tokens_per_second
+        tps = ctx.provider.tokens_per_second
         if tps > 0:
-            await asyncio.sleep(len(ctx.served.ids) / tps)
-        return await self._complete(request, ctx)
+            return self._park(ctx, len(ctx.served.ids) / tps, self._complete)
+        return self._complete(ctx)
 
     def _answer(self, ctx: _Ctx) -> None:
         """Sample the completion and serve it: sets ctx.served, ctx.usage, ctx.resegmented
@@ -341,14 +486,14 @@ class Simulator:
         }
 
     def _http_fault(self, fault: str, p: ProviderConfig, req: ChatRequest, rng: random.Random
-                    ) -> web.Response:
+                    ) -> tuple[int, dict[str, Any], dict[str, str] | None]:
+        """(status, body, headers) of an HTTP-status fault."""
         status = HTTP_FAULTS[fault]
         if fault == "moderation":
             last = req.messages[-1].get("content")
-            return _json(403, moderation_error(p.name, req.model, last if isinstance(last, str) else ""))
+            return 403, moderation_error(p.name, req.model, last if isinstance(last, str) else ""), None
         headers = {"Retry-After": _retry_after(self.cfg.retry_after_s)} if status == 429 else None
-        return _json(status, provider_error(status, p.name, self.cfg.error_metadata, rng),
-                     headers=headers)
+        return status, provider_error(status, p.name, self.cfg.error_metadata, rng), headers
 
     def _account(self, ctx: _Ctx) -> None:
         usage = ctx.usage
@@ -403,8 +548,10 @@ class Simulator:
         return {"quirks": served.quirks, "resegmented": ctx.resegmented,
                 "provider_tag": ctx.provider.tag, "fault": ctx.fault}
 
-    async def _complete(self, request: web.Request, ctx: _Ctx) -> tuple[web.StreamResponse, str]:
+    def _complete(self, ctx: _Ctx) -> None:
+        """Send the non-stream answer (or the fault that breaks it)."""
         fault = ctx.fault
+        request = ctx.request
         if fault in ("error_in_body", "mid_stream_error"):
             if fault == "error_in_body" and ctx.draw < 0.5:
                 body = error_body(502, "Provider returned error", {
@@ -417,19 +564,27 @@ class Simulator:
                 body["choices"][0]["finish_reason"] = "error"
                 body["choices"][0]["native_finish_reason"] = "error"
             self.stats.provider(ctx.provider.name)["failed"] += 1
-            return _json(200, body), fault
+            return self._fail(ctx, 200, body, fault)
         payload = orjson.dumps(self._body(ctx, ctx.served))
         if fault == "malformed_json":
             self.stats.provider(ctx.provider.name)["failed"] += 1
             cut = payload[: max(1, len(payload) // 2)]
-            return web.Response(body=cut + b"\x00\x00 <html>upstream", status=200,
-                                content_type="application/json"), fault
+            self._finish(ctx, fault)
+            return request.respond(200, cut + b"\x00\x00 <html>upstream")
         if fault == "connection_reset":
+            # The status line, the headers and half the body; then a TCP reset.
             self.stats.provider(ctx.provider.name)["failed"] += 1
-            await _reset_mid_body(request, payload)
-            return _Aborted(), fault
+            request.write_raw(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: %d\r\n\r\n" % len(payload)
+                              + payload[: len(payload) // 2])
+            return self._park(ctx, 0.02, self._reset)
         self._account(ctx)
-        return web.Response(body=payload, content_type="application/json"), "completed"
+        self._finish(ctx, "completed")
+        request.respond(200, payload)
+
+    def _reset(self, ctx: _Ctx) -> None:
+        self._finish(ctx, "connection_reset")
+        ctx.request.reset()
 
     def _partial(self, ctx: _Ctx) -> Served:
         """The answer as it stood when generation failed part-way (about half of it)."""
@@ -440,16 +595,28 @@ class Simulator:
             max_tokens=half, has_tools=bool(ctx.req.tools))
 
     # -- stream ---------------------------------------------------------------------------
-    async def _stream(self, request: web.Request, ctx: _Ctx) -> str:
+    async def _stream(self, ctx: _Ctx) -> None:
+        outcome = "cancelled"
+        try:
+            outcome = await self._stream_body(ctx)
+        except ConnectionResetError:
+            pass  # the client went away while we waited for it to read
+        except asyncio.CancelledError:
+            raise  # the client went away (or the server stops): counted as cancelled
+        except Exception:
+            self._crashed(ctx)
+        finally:
+            self._finish(ctx, outcome)
+
+    async def _stream_body(self, ctx: _Ctx) -> str:
         cfg = self.cfg
-        resp = web.StreamResponse(status=200, headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no"})
-        ctx.response = resp
-        await resp.prepare(request)
+        request = ctx.request
         fault = ctx.fault
+        if fault == "slow_first_byte":
+            await asyncio.sleep(cfg.slow_first_byte_s)
+        request.start_stream(200, _STREAM_HEADERS)
         if cfg.keepalive_initial:
-            await resp.write(KEEPALIVE)
+            request.write(KEEPALIVE)
         # Waiting for the first token: keep-alive comments.
         if ctx.latency > 0:
             deadline = time.monotonic() + ctx.latency
@@ -460,13 +627,13 @@ class Simulator:
                     break
                 await asyncio.sleep(min(left, interval) if interval > 0 else left)
                 if interval > 0 and deadline - time.monotonic() > 0:
-                    await resp.write(KEEPALIVE)
+                    request.write(KEEPALIVE)
+                    await request.drain()
         if fault == "error_in_body":
             self.stats.provider(ctx.provider.name)["failed"] += 1
-            await resp.write(_event(error_body(502, "Provider returned error", {
-                "provider_name": ctx.provider.name, "raw": "upstream connection closed"})))
-            await resp.write(DONE)
-            await resp.write_eof()
+            request.write(_event(error_body(502, "Provider returned error", {
+                "provider_name": ctx.provider.name, "raw": "upstream connection closed"})) + DONE)
+            request.end_stream()
             return fault
         self._answer(ctx)
         events = self._events(ctx)  # [(bytes, n_tokens)]
@@ -488,30 +655,32 @@ class Simulator:
                     batch.append(events[i][0])
                     sent_tokens += events[i][1]
                     i += 1
-            await resp.write(b"".join(batch))
+            request.write(b"".join(batch))
+            await request.drain()
             if i < cut and tps > 0:
                 wait = sent_tokens / tps - (time.monotonic() - start)
                 if wait > 0:
                     await asyncio.sleep(max(wait, 0.005))
         if fault is None or fault == "slow_first_byte":
-            await resp.write(DONE)
-            await resp.write_eof()
+            request.write(DONE)
             self._account(ctx)
+            request.end_stream()
             return "completed"
         self.stats.provider(ctx.provider.name)["failed"] += 1
         if fault == "mid_stream_error":
-            await resp.write(_event(self._chunk(ctx, {"content": ""}, None, finish="error") | {
+            request.write(_event(self._chunk(ctx, {"content": ""}, None, finish="error") | {
                 "error": {"code": 502, "message": "Provider disconnected unexpectedly",
                           "metadata": {"provider_name": ctx.provider.name,
                                        "raw": "stream closed"}}}))
-            await resp.write_eof()
+            request.end_stream()
         elif fault == "malformed_json":
-            await resp.write(b'data: {"id": "' + ctx.gen_id.encode() + b'", "choices": [{"delta"\n\n')
-            await resp.write(b"".join(e for e, _ in events[cut:]) + DONE)
-            await resp.write_eof()
+            request.write(b'data: {"id": "' + ctx.gen_id.encode() + b'", "choices": [{"delta"\n\n')
+            request.write(b"".join(e for e, _ in events[cut:]) + DONE)
+            request.end_stream()
         else:  # connection_reset
             await asyncio.sleep(0.02)
-            _reset(request)
+            self._finish(ctx, fault)
+            request.reset()
         return fault
 
     def _chunk(self, ctx: _Ctx, delta: dict[str, Any] | None, token_ids: list[int] | None, *,
@@ -553,17 +722,30 @@ class Simulator:
 
 
 class _Ctx:
-    """Everything about one request being answered."""
+    """Everything about one chat request being answered."""
 
-    __slots__ = ("req", "provider", "quirks", "served", "usage", "prompt_ids", "resegmented",
-                 "answer_key", "content_key", "draw", "gen_id", "created", "latency", "fault",
-                 "response")
+    __slots__ = ("sim", "request", "finished", "step", "task", "error", "req", "provider",
+                 "quirks", "served", "usage", "prompt_ids", "resegmented", "answer_key",
+                 "content_key", "draw", "gen_id", "created", "latency", "fault")
 
-    def __init__(self, req: ChatRequest, provider: ProviderConfig, quirks: frozenset[str],
-                 prompt_ids: array, gen_id: str, created: int, latency: float,
-                 fault: str | None, answer_key: bytes, content_key: bytes | None):
+    def __init__(self, sim: Simulator, request: Request):
+        self.sim = sim
+        self.request = request
+        self.finished = False
+        self.step: Callable[[_Ctx], None] | None = None  # what runs when a parked request wakes
+        self.task: asyncio.Task | None = None  # a stream's coroutine
+        self.error: tuple | None = None  # an HTTP fault's (status, body, headers)
+        self.provider: ProviderConfig | None = None
+        self.fault: str | None = None
+        self.served: Served | None = None
+        self.usage: dict[str, Any] = {}
+        self.resegmented = 0
+        self.draw = 0.0
+
+    def setup(self, *, req: ChatRequest, quirks: frozenset[str], prompt_ids: array, gen_id: str,
+              created: int, latency: float, fault: str | None, answer_key: bytes,
+              content_key: bytes | None) -> None:
         self.req = req
-        self.provider = provider
         self.quirks = quirks
         self.prompt_ids = prompt_ids
         self.gen_id = gen_id
@@ -572,21 +754,9 @@ class _Ctx:
         self.fault = fault
         self.answer_key = answer_key
         self.content_key = content_key
-        self.response: web.StreamResponse | None = None
-        self.served: Served | None = None
-        self.usage: dict[str, Any] = {}
-        self.resegmented = 0
-        self.draw = 0.0
 
-
-class _Aborted(web.StreamResponse):
-    """Stands for a response whose connection was already reset; aiohttp sends nothing."""
-
-    async def prepare(self, request):  # type: ignore[override]
-        return None
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        return None
+    def lost(self) -> None:
+        self.sim._lost(self)
 
 
 _ARCH = {"modality": "text->text", "input_modalities": ["text", "image"],
@@ -608,36 +778,9 @@ def _retry_after(seconds: float) -> str:
     return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
 
 
-def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json",
-                        headers=headers)
+def _json(request: Request, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+    request.respond(status, orjson.dumps(obj), headers=headers)
 
 
 def _event(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def _reset(request: web.Request) -> None:
-    """Reset the TCP connection (RST, not FIN): SO_LINGER 0 then abort."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
-    transport.abort()
-
-
-async def _reset_mid_body(request: web.Request, payload: bytes) -> None:
-    """Send the status line, headers and half the body, then reset the connection."""
-    transport = request.transport
-    if transport is None:
-        return
-    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-            + str(len(payload)).encode() + b"\r\n\r\n")
-    transport.write(head + payload[: len(payload) // 2])
-    await asyncio.sleep(0.02)
-    _reset(request)
