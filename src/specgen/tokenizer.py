@@ -223,6 +223,21 @@ class SpecialSplitter:
         self.prefix_free = "" not in self._special and not any(
             b.startswith(a) for a, b in zip(names, names[1:], strict=False)
         )
+        # When every special token starting with a character ends at the first occurrence of
+        # one same character after it (`<|...|>`, `<think>`, `[EOS]`), one bounded regex finds
+        # each candidate whole and one dict lookup tests it (instead of a lookup per length).
+        ends: dict[str, set[str]] = {}
+        for t in self._special:
+            ends.setdefault(t[:1], set()).add(t[-1:])
+        self._candidates = None
+        if self._special and all(len(v) == 1 for v in ends.values()) and all(
+            len(t) >= 2 and t[-1] not in t[1:-1] for t in self._special
+        ):
+            most = max(len(t) for t in self._special) - 2
+            self._candidates = re.compile("|".join(
+                f"{re.escape(a)}[^{re.escape(b)}]{{0,{most}}}{re.escape(b)}"
+                for a, (b,) in sorted((a, tuple(v)) for a, v in ends.items())
+            ))
         self._cache: dict[str, list[int]] = {}
         self._cached_chars = 0
 
@@ -247,6 +262,8 @@ class SpecialSplitter:
         out: list[int] = []
         if self._finder is None:
             return list(self._plain(text)) if text else out
+        if self._candidates is not None:
+            return self._encode_candidates(text)
         special, lengths, pos = self._special, self._lengths, 0
         for m in self._finder.finditer(text):
             p = m.start()
@@ -260,6 +277,25 @@ class SpecialSplitter:
                     out.append(tid)
                     pos = p + n
                     break
+        if pos < len(text):
+            out += self._plain(text[pos:])
+        return out
+
+    def _encode_candidates(self, text: str) -> list[int]:
+        out: list[int] = []
+        special, search, pos = self._special, self._candidates.search, 0
+        m = search(text)
+        while m is not None:
+            p, e = m.span()
+            tid = special.get(text[p:e])
+            if tid is None:  # not a special token: one may still start inside it
+                m = search(text, p + 1)
+                continue
+            if p > pos:
+                out += self._plain(text[pos:p])
+            out.append(tid)
+            pos = e
+            m = search(text, e)
         if pos < len(text):
             out += self._plain(text[pos:])
         return out
