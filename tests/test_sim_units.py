@@ -153,6 +153,69 @@ def test_stream_deltas_carry_every_id_once():
         assert text == {"reasoning": reasoning or "", "content": content}
 
 
+def _in_process(sim, bodies):
+    """Answers of `sim` to these bodies, through its HTTP parser (no sockets, no latency)."""
+    from specgen.sim.http import HttpConnection
+
+    class Transport:
+        def __init__(self):
+            self.out = []
+
+        def write(self, data):
+            self.out.append(data)
+
+        def get_extra_info(self, name, default=None):
+            return default
+
+    sim.attach(asyncio.new_event_loop())
+    transport = Transport()
+    conn = HttpConnection(sim.handle, set())
+    conn.connection_made(transport)
+    answers = []
+    for body in bodies:
+        raw = json.dumps(body).encode()
+        conn.data_received(b"POST /api/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+        head, _, payload = b"".join(transport.out).partition(b"\r\n\r\n")
+        transport.out.clear()
+        answer = json.loads(payload)
+        answer.pop("created", None)  # wall clock
+        answer["id"] = answer.get("id", "").rsplit("-", 1)[-1]
+        answers.append((head.split(b"\r\n")[0], answer))
+    return answers
+
+
+@pytest.mark.parametrize("renderer", RENDERERS)
+def test_plain_shortcut_answers_like_the_full_serving_path(renderer):
+    """Non-stream answers that skip the serving parser (no tools called, no quirk, no cut) are
+    the same, byte for byte, as those that go through it."""
+    from specgen.sim.server import Simulator
+
+    rng = random.Random(8)
+    bodies = []
+    for i in range(150):
+        body = {"model": "moonshotai/kimi-k2.5", "return_token_ids": i % 3 != 0,
+                "messages": [{"role": "user", "content": f"question {i}"}]}
+        if rng.random() < 0.4:
+            body["max_tokens"] = rng.choice([5, 60, 200, 400, 5000])
+        if rng.random() < 0.3:
+            body["reasoning"] = rng.choice([{"enabled": False}, {"effort": "low"},
+                                            {"exclude": True}, {"max_tokens": 20}])
+        if rng.random() < 0.2:
+            body["stop"] = rng.choice([".", "the", ["zz", "is"]])
+        if rng.random() < 0.3:
+            body["tools"] = TOOLS
+        bodies.append(body)
+    fast, full = Simulator(seed=3, renderer=renderer), Simulator(seed=3, renderer=renderer)
+    assert fast._plain_ok
+    full._plain_ok = False
+    plain_calls = []
+    serve_plain = fast.serving.serve_plain
+    fast.serving.serve_plain = lambda *a, **k: plain_calls.append(1) or serve_plain(*a, **k)
+    assert _in_process(fast, bodies) == _in_process(full, bodies)
+    assert 30 < len(plain_calls) < len(bodies)  # both paths were taken
+
+
 # -- fast encoder ----------------------------------------------------------------------------
 # -- arguments -------------------------------------------------------------------------------
 def _valid(value, schema, root) -> bool:

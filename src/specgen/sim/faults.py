@@ -36,16 +36,22 @@ _MESSAGES = {
 }
 
 
-def draw(rates: FaultRates, rng: random.Random) -> str | None:
+FaultTable = tuple[tuple[str, float], ...]
+
+
+def fault_table(rates: FaultRates) -> FaultTable:
+    """The non-zero rates, in declaration order (what `draw` needs, computed once)."""
+    return tuple((name, rate) for name, rate in rates.items() if rate > 0)
+
+
+def draw(table: FaultTable, rng: random.Random) -> str | None:
     """The fault for this request, or None (one uniform draw; none at all when every rate
     is zero)."""
-    if not any(rates.values()):
+    if not table:
         return None
     u = rng.random()
     acc = 0.0
-    for name, rate in rates.items():
-        if rate <= 0:
-            continue
+    for name, rate in table:
         acc += rate
         if u < acc:
             return name

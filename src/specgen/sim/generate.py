@@ -61,6 +61,10 @@ class Generated:
     tool_calls: int = 0  # tool calls the model wrote
     marks: list[int] | None = None  # positions of the special tokens in ids, when known
     known: dict[int, tuple[int, str]] | None = None  # start -> (end, text) of text runs
+    # (reasoning text or None, content text, reasoning ids) when the ids are just the
+    # template's markers around one reasoning run and one content run (no tool calls, not
+    # re-segmented): what a plain serve of them gives, known without parsing them.
+    plain: tuple[str | None, str, int] | None = None
 
 
 class Model:
@@ -73,6 +77,8 @@ class Model:
         self.bank = TextBank(tokenizer.encode, seed=seed)
         self.args = ArgumentGenerator(self.bank.words, optional_rate=cfg.tool_calls.optional_rate)
         self._template_cache: dict[tuple[bool, bool], list[tuple[int, list[int]]]] = {}
+        # Per thinking mode: the call-less template holds nothing but markers outside the runs.
+        self._plain_template: dict[bool, bool] = {}
         self._by_bytes: dict[bytes, int] | None = None
         self._special_ids = frozenset(tokenizer.id_to_special)
         self.fast = self.bank.exact and all(self._check_template(t) for t in (True, False))
@@ -129,6 +135,8 @@ class Model:
         if self.cfg.text_mode == "raw" and rng.random() < self.cfg.raw_rate:
             out.resegmented = self.resegment(ids, rng, rng.randint(1, self.cfg.raw_max_splits))
             out.marks = out.known = None  # positions moved
+        elif known is not None and not calls and self._plain_template.get(thinking):
+            out.plain = (r_text if r_ids else None, c_text, len(r_ids))
         return out
 
     def _tool_calls(self, req: GenRequest, rng: random.Random) -> list[ToolCall]:
@@ -187,6 +195,7 @@ class Model:
                 out.append((0, ids, [i for i, t in enumerate(ids) if t in special]))
         if not calls:
             self._template_cache[key] = out
+            self._plain_template[thinking] = all(len(rel) == len(ids) for _, ids, rel in out)
         return out
 
     def _assemble(self, renderer, thinking, r_ids, c_ids, calls

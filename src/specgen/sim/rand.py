@@ -41,6 +41,10 @@ class HashRandom(random.Random):
         return super().getrandbits(64)
 
     def random(self) -> float:
+        i = self._next
+        if i < _POOL:  # inline of _draw64's first branch: most requests draw only from the pool
+            self._next = i + 1
+            return (self._pool[i] >> 11) * _TO_FLOAT
         return (self._draw64() >> 11) * _TO_FLOAT
 
     def getrandbits(self, k: int) -> int:

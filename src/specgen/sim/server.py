@@ -30,7 +30,15 @@ from ..render.kimi import KimiRenderer
 from ..tokenizer import Tokenizer, load_tokenizer
 from .chat_request import ChatRequest, parse_chat_request
 from .config import ProviderConfig, SimConfig
-from .faults import FALLBACK_FAULTS, HTTP_FAULTS, draw, error_body, moderation_error, provider_error
+from .faults import (
+    FALLBACK_FAULTS,
+    HTTP_FAULTS,
+    draw,
+    error_body,
+    fault_table,
+    moderation_error,
+    provider_error,
+)
 from .generate import GenRequest, Model
 from .http import Request
 from .rand import HashRandom
@@ -76,6 +84,22 @@ class Wheel:
         self._slots.clear()
 
 
+class _Endpoint:
+    """What a request needs of one provider, computed once."""
+
+    __slots__ = ("faults", "quirks", "prompt_price", "completion_price", "cache_price")
+
+    def __init__(self, p: ProviderConfig):
+        self.faults = fault_table(p.faults)
+        self.quirks = tuple((q, rate) for q, rate in p.quirks.items() if rate > 0)
+        self.prompt_price = p.prompt_price()
+        self.completion_price = p.completion_price()
+        self.cache_price = p.cache_read_price()
+
+
+_NO_QUIRKS: frozenset[str] = frozenset()
+
+
 class Simulator:
     """State of one simulator; `handle` answers its HTTP requests."""
 
@@ -94,6 +118,9 @@ class Simulator:
         self.model = Model(cfg, self.tok, self.renderers, seed=self.seed)
         self._stop_ids = self.renderers[True].stop_token_ids  # a property that builds a set
         self.serving = Server(self.tok)
+        self._plain_ok = self._check_plain()
+        self._router_faults = fault_table(cfg.faults)
+        self._endpoints = {id(p): _Endpoint(p) for p in cfg.providers}
         self.stats = Stats()
         self.spent = 0.0
         self._seen: dict[bytes, int] = {}
@@ -111,6 +138,30 @@ class Simulator:
                 prefix + "/key": ("GET", self.key),
                 prefix + "/generation": ("GET", self.generation),
             })
+
+    def _check_plain(self) -> bool:
+        """The plain shortcut (`Server.serve_plain`) gives what `Server.serve` gives, on a few
+        samples per thinking mode; otherwise it is not used."""
+        rng = random.Random(11)
+        for thinking in (True, False):
+            for _ in range(4):
+                gen = self.model.generate(GenRequest(messages=[], tools=None, thinking=thinking),
+                                          rng)
+                if gen.plain is None:
+                    continue
+                for exclude in (False, True):
+                    full = self.serving.serve(
+                        gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
+                        stop_ids=self._stop_ids, max_tokens=len(gen.ids), has_tools=False,
+                        marks=gen.marks, known=gen.known, exclude_reasoning=exclude)
+                    plain = self.serving.serve_plain(gen.ids, gen.plain, exclude_reasoning=exclude)
+                    if (self.serving.fold(full) != self.serving.fold(plain)
+                            or (full.finish_reason, full.native_finish_reason, full.reasoning_tokens,
+                                full.ids, full.quirks) != (plain.finish_reason,
+                                plain.native_finish_reason, plain.reasoning_tokens, plain.ids,
+                                plain.quirks)):
+                        return False
+        return True
 
     # -- http -----------------------------------------------------------------------------
     def handle(self, request: Request) -> None:
@@ -366,12 +417,13 @@ class Simulator:
                 f"requested about {n_prompt} tokens. Please reduce the length of the "
                 "messages."), "bad_request")
 
-        fault = draw(cfg.faults, rng)
+        endpoints = self._endpoints
+        fault = draw(self._router_faults, rng)
         provider = fitting[0]
         if fault is None:
             for k, p in enumerate(fitting):
                 provider = p
-                fault = draw(p.faults, rng)
+                fault = draw(endpoints[id(p)].faults, rng)
                 if fault in FALLBACK_FAULTS and k + 1 < len(fitting):
                     self.stats.fallbacks += 1
                     self.stats.count_fault(fault, p.name)
@@ -393,8 +445,8 @@ class Simulator:
                 return self._park(ctx, latency, self._send_error)
             return self._send_error(ctx)
 
-        quirks = frozenset(q for q, rate in provider.quirks.items()
-                           if rate > 0 and rng.random() < rate)
+        rates = endpoints[id(provider)].quirks
+        quirks = frozenset(q for q, rate in rates if rng.random() < rate) if rates else _NO_QUIRKS
         now = time.time()
         gen_id = f"gen-{int(now)}-{rng.getrandbits(64):016x}"
         del rng  # nothing more is drawn before the answer: hold no state while waiting
@@ -439,11 +491,16 @@ class Simulator:
         n_prompt = len(ctx.prompt_ids)
         max_tokens = min(req.max_tokens or provider.max_completion_tokens,
                          provider.max_completion_tokens, provider.context_length - n_prompt)
-        ctx.served = self.serving.serve(
-            gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
-            stop_ids=self._stop_ids, max_tokens=max_tokens, stop=req.stop,
-            has_tools=bool(req.tools), marks=gen.marks, known=gen.known, quirks=ctx.quirks,
-            exclude_reasoning=req.exclude_reasoning, rng=rng)
+        if (gen.plain is not None and self._plain_ok and not req.stream and not ctx.quirks
+                and not req.stop and len(gen.ids) <= max_tokens):
+            ctx.served = self.serving.serve_plain(gen.ids, gen.plain,
+                                                  exclude_reasoning=req.exclude_reasoning)
+        else:
+            ctx.served = self.serving.serve(
+                gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
+                stop_ids=self._stop_ids, max_tokens=max_tokens, stop=req.stop,
+                has_tools=bool(req.tools), marks=gen.marks, known=gen.known,
+                quirks=ctx.quirks, exclude_reasoning=req.exclude_reasoning, rng=rng)
         ctx.resegmented = gen.resegmented
         ctx.usage = self._usage(provider, n_prompt, ctx.served, rng)
         ctx.draw = rng.random()  # where a failing answer breaks off, which error shape
@@ -471,8 +528,9 @@ class Simulator:
         cached = 0
         if p.cache_hit_rate and rng.random() < p.cache_hit_rate:
             cached = int(n_prompt * rng.uniform(0.5, 1.0)) // 64 * 64
-        prompt_cost = (n_prompt - cached) * p.prompt_price() + cached * p.cache_read_price()
-        completion_cost = n_completion * p.completion_price()
+        ep = self._endpoints[id(p)]
+        prompt_cost = (n_prompt - cached) * ep.prompt_price + cached * ep.cache_price
+        completion_cost = n_completion * ep.completion_price
         cost = prompt_cost + completion_cost
         return {
             "prompt_tokens": n_prompt, "completion_tokens": n_completion,

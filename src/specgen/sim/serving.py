@@ -72,6 +72,7 @@ class Served:
     reasoning_tokens: int
     quirks: list[str] = field(default_factory=list)
     known: dict[int, tuple[int, str]] | None = None  # start -> (end, text) known to the caller
+    folded: tuple[str | None, str] | None = None  # (reasoning, content) known without pieces
 
 
 class Server:
@@ -358,9 +359,22 @@ class Server:
                 after_marker[p.field] = False
         return changed
 
+    @staticmethod
+    def serve_plain(ids: list[int], plain: tuple[str | None, str, int], *,
+                    exclude_reasoning: bool = False) -> Served:
+        """`serve` for a plain completion (`Generated.plain`) that is neither cut (max_tokens,
+        stop) nor changed by a quirk: the message is the two runs' texts, nothing to parse.
+        It has no pieces, so it cannot be streamed (`stream_deltas` needs `serve`)."""
+        reasoning, content, n_reasoning = plain
+        return Served(pieces=[], ids=ids, finish_reason="stop", native_finish_reason="stop",
+                      reasoning_tokens=n_reasoning,
+                      folded=(None if exclude_reasoning else reasoning, content))
+
     # -- output ---------------------------------------------------------------------------
     def fold(self, served: Served) -> tuple[str | None, str, list[dict[str, Any]]]:
         """(reasoning, content, tool_calls) of the non-stream message."""
+        if served.folded is not None:
+            return served.folded[0], served.folded[1], []
         ids = served.ids
         known = served.known or {}
         reasoning: list[str] = []
