@@ -330,3 +330,23 @@ def test_async_start_inside_a_loop():
 
     body = asyncio.run(main())
     assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_hash_random_is_a_pure_function_of_its_key():
+    """First 8 draws from BLAKE2b(key), then a Twister seeded from the key: the documented
+    sequence, and random.Random's methods on top of it."""
+    import hashlib
+    import struct
+
+    from specgen.sim.rand import HashRandom
+
+    key = b"p-example"
+    pool = struct.unpack("<8Q", hashlib.blake2b(key, digest_size=64).digest())
+    twister = random.Random(int.from_bytes(key, "little") ^ (1 << (8 * len(key))))
+    want = list(pool) + [twister.getrandbits(64) for _ in range(12)]
+    rng = HashRandom(key)
+    assert [rng.getrandbits(64) for _ in range(20)] == want
+    a, b = HashRandom(b"k"), HashRandom(b"k")
+    draws = lambda r: (r.random(), r.randint(1, 9), r.choice("abc"), r.choices("xy", k=3),  # noqa: E731
+                       r.uniform(1, 2), r.gauss(0, 1), r.getrandbits(100), r.random())
+    assert draws(a) == draws(b) != draws(HashRandom(b"j"))

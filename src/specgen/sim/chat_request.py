@@ -44,92 +44,112 @@ class ChatRequest:
 
 
 def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("model: required string")
-    base, _, variant = model.partition(":")
-    sort = None
-    if variant:
-        if variant not in VARIANT_SORT:
-            raise BadRequest(f"model: unknown variant ':{variant}' (supported: "
-                             f"{', '.join(':' + v for v in VARIANT_SORT)})")
-        sort = VARIANT_SORT[variant]
-    served = _served_model(base, cfg)
-    if served is None:
-        raise BadRequest(f"{model} is not a valid model ID")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages: required non-empty array")
-    prior_calls = 0
-    history_tool = None
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise BadRequest(f"messages[{i}]: expected an object with a string 'role'")
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):  # noqa: UP038
-            raise BadRequest(f"messages[{i}].content: expected a string, an array or null")
-        calls = m.get("tool_calls")
-        if calls and isinstance(calls, list):
-            if m["role"] == "assistant":
-                prior_calls += len(calls)
-            history_tool = _last_tool_name(calls) or history_tool
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise BadRequest("tools: expected an array")
-        for i, t in enumerate(tools):
-            fn = t.get("function") if isinstance(t, dict) else None
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-                raise BadRequest(f"tools[{i}]: expected {{type: 'function', function: {{name, "
-                                 "parameters}}}")
-            if "parameters" in fn and not isinstance(fn["parameters"], dict):
-                raise BadRequest(f"tools[{i}].function.parameters: expected an object")
-        tools = tools or None
-    tool_choice = body.get("tool_choice")
-    if tool_choice is not None and tool_choice not in ("none", "auto", "required") and not (
-        isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict)
-    ):
-        raise BadRequest("tool_choice: expected 'none', 'auto', 'required' or "
-                         "{type: 'function', function: {name}}")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest("stream: expected a boolean")
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or max_tokens < 1):
-        raise BadRequest("max_tokens: expected an integer >= 1")
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise BadRequest("stop: expected a string or an array of strings")
-    for key in _NUMERIC.intersection(body):
-        value = body[key]
-        if value is not None and (not isinstance(value, (int, float))  # noqa: UP038
-                                  or isinstance(value, bool)):
-            raise BadRequest(f"{key}: expected a number")
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise BadRequest("seed: expected an integer")
-    thinking, effort, r_max, exclude = _reasoning(body, cfg)
-    want = body.get("return_token_ids", False)
-    if not isinstance(want, bool):
-        raise BadRequest("return_token_ids: expected a boolean")
-    return ChatRequest(
-        model=served, sort=sort, messages=messages, tools=tools, tool_choice=tool_choice,
-        parallel_tool_calls=body.get("parallel_tool_calls") is not False, stream=stream,
-        max_tokens=max_tokens, stop=[s for s in stop if s], thinking=thinking, effort=effort,
-        reasoning_max_tokens=r_max, exclude_reasoning=exclude,
-        provider=parse_preferences(body.get("provider")),
-        params={("max_tokens" if k == "max_completion_tokens" else k)
-                for k in PARAMETER_NAMES.intersection(body)},
-        want_ids=want or ids_header, seed=seed,
-        prior_tool_calls=prior_calls, history_tool=history_tool,
-    )
+    """Validate a parsed request body (raises BadRequest naming the field)."""
+    return ChatParser(cfg).parse(body, ids_header=ids_header)
+
+
+class ChatParser:
+    """`parse_chat_request` with what depends only on the config worked out once."""
+
+    def __init__(self, cfg: SimConfig):
+        self.cfg = cfg
+        self._served: dict[str, str] = {}
+        for m in reversed(cfg.models):  # the first served model wins, as in a linear search
+            self._served[cfg.dated(m)] = m
+            self._served[m] = m
+
+    def parse(self, body: Any, *, ids_header: bool = False) -> ChatRequest:
+        # Bodies come from orjson, so JSON types are exact: `type(x) is str` is isinstance.
+        if type(body) is not dict:
+            raise BadRequest("request body must be a JSON object")
+        get = body.get
+        model = get("model")
+        if type(model) is not str or not model:
+            raise BadRequest("model: required string")
+        sort = None
+        base = model
+        if ":" in model:
+            base, _, variant = model.partition(":")
+            if variant:
+                if variant not in VARIANT_SORT:
+                    raise BadRequest(f"model: unknown variant ':{variant}' (supported: "
+                                     f"{', '.join(':' + v for v in VARIANT_SORT)})")
+                sort = VARIANT_SORT[variant]
+        served = self._served.get(base)
+        if served is None:
+            raise BadRequest(f"{model} is not a valid model ID")
+        messages = get("messages")
+        if type(messages) is not list or not messages:
+            raise BadRequest("messages: required non-empty array")
+        prior_calls = 0
+        history_tool = None
+        for i, m in enumerate(messages):
+            if type(m) is not dict or type(m.get("role")) is not str:
+                raise BadRequest(f"messages[{i}]: expected an object with a string 'role'")
+            content = m.get("content")
+            if content is not None and type(content) is not str and type(content) is not list:
+                raise BadRequest(f"messages[{i}].content: expected a string, an array or null")
+            calls = m.get("tool_calls")
+            if calls and type(calls) is list:
+                if m["role"] == "assistant":
+                    prior_calls += len(calls)
+                history_tool = _last_tool_name(calls) or history_tool
+        tools = get("tools")
+        if tools is not None:
+            if type(tools) is not list:
+                raise BadRequest("tools: expected an array")
+            for i, t in enumerate(tools):
+                fn = t.get("function") if type(t) is dict else None
+                if type(fn) is not dict or type(fn.get("name")) is not str or not fn["name"]:
+                    raise BadRequest(f"tools[{i}]: expected {{type: 'function', function: {{name, "
+                                     "parameters}}}")
+                if "parameters" in fn and type(fn["parameters"]) is not dict:
+                    raise BadRequest(f"tools[{i}].function.parameters: expected an object")
+            tools = tools or None
+        tool_choice = get("tool_choice")
+        if tool_choice is not None and tool_choice not in ("none", "auto", "required") and not (
+            type(tool_choice) is dict and type(tool_choice.get("function")) is dict
+        ):
+            raise BadRequest("tool_choice: expected 'none', 'auto', 'required' or "
+                             "{type: 'function', function: {name}}")
+        stream = get("stream", False)
+        if type(stream) is not bool:
+            raise BadRequest("stream: expected a boolean")
+        max_tokens = get("max_tokens") if "max_tokens" in body else get("max_completion_tokens")
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+            raise BadRequest("max_tokens: expected an integer >= 1")
+        stop = get("stop")
+        if stop is None:
+            stop = []
+        elif type(stop) is str:
+            stop = [stop] if stop else []
+        elif type(stop) is list and all(type(x) is str for x in stop):
+            stop = [x for x in stop if x]
+        else:
+            raise BadRequest("stop: expected a string or an array of strings")
+        for key in _NUMERIC.intersection(body):
+            value = body[key]
+            if value is not None and type(value) is not int and type(value) is not float:
+                raise BadRequest(f"{key}: expected a number")
+        seed = get("seed")
+        if seed is not None and type(seed) is not int:
+            raise BadRequest("seed: expected an integer")
+        thinking, effort, r_max, exclude = _reasoning(body, self.cfg)
+        want = get("return_token_ids", False)
+        if type(want) is not bool:
+            raise BadRequest("return_token_ids: expected a boolean")
+        provider = parse_preferences(get("provider"))
+        # Only provider.require_parameters looks at which parameters were sent.
+        params = {("max_tokens" if k == "max_completion_tokens" else k)
+                  for k in PARAMETER_NAMES.intersection(body)} if provider else _NO_PARAMS
+        return ChatRequest(
+            served, sort, messages, tools, tool_choice, get("parallel_tool_calls") is not False,
+            stream, max_tokens, stop, thinking, effort, r_max, exclude, provider, params,
+            want or ids_header, seed, prior_calls, history_tool,
+        )
+
+
+_NO_PARAMS: frozenset[str] = frozenset()
 
 
 def _last_tool_name(calls: list[Any]) -> str | None:
@@ -138,13 +158,6 @@ def _last_tool_name(calls: list[Any]) -> str | None:
         name = fn.get("name") if isinstance(fn, dict) else None
         if isinstance(name, str) and name:
             return name
-    return None
-
-
-def _served_model(name: str, cfg: SimConfig) -> str | None:
-    for m in cfg.models:
-        if name == m or name == cfg.dated(m):
-            return m
     return None
 
 

@@ -1,10 +1,11 @@
-"""A `random.Random` that is cheap to create: its first draws come from one hash.
+"""A random generator that is cheap to create: its first draws come from one hash.
 
-Seeding Python's Mersenne Twister costs ~9 us, more than most simulated requests spend on
-drawing. `HashRandom(key)` serves its first 8 draws from a 64-byte BLAKE2b digest of the key
-and only seeds the Twister (from the same key) when a request draws more. Every method of
-`random.Random` works (they are built on `random()` and `getrandbits()`); the sequence is a
-pure function of the key.
+Seeding Python's Mersenne Twister costs ~9 us (and a `random.Random` carries 2.5 KB of
+state), more than most simulated requests spend on drawing. `HashRandom(key)` serves its first
+8 draws from a 64-byte BLAKE2b digest of the key and only seeds a Twister (from the same key)
+when a request draws more. It has the methods of `random.Random` the simulator uses (they are
+`random.Random`'s own, built on `random()` and `getrandbits()`); the sequence is a pure
+function of the key.
 """
 
 from __future__ import annotations
@@ -15,30 +16,31 @@ import struct
 
 _POOL = 8
 _TO_FLOAT = 1.0 / (1 << 53)
+_R = random.Random
 
 
-class HashRandom(random.Random):
+class HashRandom:
     """Deterministic draws from `key` (bytes): hash first, Mersenne Twister after."""
 
-    def __init__(self, key: bytes):  # noqa: D107 - random.Random.__init__ is not called
+    __slots__ = ("_key", "_pool", "_next", "_twister", "gauss_next")
+
+    def __init__(self, key: bytes):
         self._key = key
         self._pool = struct.unpack("<8Q", hashlib.blake2b(key, digest_size=64).digest())
         self._next = 0
-        self._twister = False
+        self._twister: random.Random | None = None
         self.gauss_next = None
-
-    def seed(self, a=None, version=2) -> None:  # type: ignore[override]
-        raise TypeError("HashRandom is seeded by its key")
 
     def _draw64(self) -> int:
         i = self._next
         if i < _POOL:
             self._next = i + 1
             return self._pool[i]
-        if not self._twister:
-            super().seed(int.from_bytes(self._key, "little") ^ (1 << (8 * len(self._key))))
-            self._twister = True
-        return super().getrandbits(64)
+        if self._twister is None:
+            self._twister = random.Random(
+                int.from_bytes(self._key, "little") ^ (1 << (8 * len(self._key))))
+            self.gauss_next = None  # as seeding a random.Random does (same draws as before)
+        return self._twister.getrandbits(64)
 
     def random(self) -> float:
         i = self._next
@@ -55,3 +57,14 @@ class HashRandom(random.Random):
             out = (out << 64) | self._draw64()
             n += 64
         return out >> (n - k)
+
+    # random.Random's own pure-Python methods, on top of random() and getrandbits().
+    _randbelow = _R._randbelow_with_getrandbits
+    randrange = _R.randrange
+    randint = _R.randint
+    choice = _R.choice
+    choices = _R.choices
+    shuffle = _R.shuffle
+    sample = _R.sample
+    uniform = _R.uniform
+    gauss = _R.gauss

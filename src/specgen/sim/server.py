@@ -28,7 +28,7 @@ from ..render import get_renderer
 from ..render.base import RenderError
 from ..render.kimi import KimiRenderer
 from ..tokenizer import Tokenizer, load_tokenizer
-from .chat_request import ChatRequest, parse_chat_request
+from .chat_request import ChatParser, ChatRequest
 from .config import ProviderConfig, SimConfig
 from .faults import (
     FALLBACK_FAULTS,
@@ -119,6 +119,7 @@ class Simulator:
         self._stop_ids = self.renderers[True].stop_token_ids  # a property that builds a set
         self.serving = Server(self.tok)
         self._plain_ok = self._check_plain()
+        self._parser = ChatParser(cfg)
         self._router_faults = fault_table(cfg.faults)
         self._endpoints = {id(p): _Endpoint(p) for p in cfg.providers}
         self.stats = Stats()
@@ -385,7 +386,7 @@ class Simulator:
             return self._fail(ctx, 400, error_body(
                 400, f"request body is not valid JSON: {exc}"), "bad_request")
         try:
-            req = parse_chat_request(body, cfg, ids_header=request.headers.get(IDS_HEADER) == "1")
+            req = self._parser.parse(body, ids_header=request.headers.get(IDS_HEADER) == "1")
         except BadRequest as exc:
             return self._fail(ctx, 400, error_body(400, str(exc)), "bad_request")
         del body
