@@ -238,6 +238,7 @@ class SpecialSplitter:
                 f"{re.escape(a)}[^{re.escape(b)}]{{0,{most}}}{re.escape(b)}"
                 for a, (b,) in sorted((a, tuple(v)) for a, v in ends.items())
             ))
+            self._split = re.compile(f"({self._candidates.pattern})").split
         self._cache: dict[str, list[int]] = {}
         self._cached_chars = 0
 
@@ -282,6 +283,30 @@ class SpecialSplitter:
         return out
 
     def _encode_candidates(self, text: str) -> list[int]:
+        # One C-level split gives [plain, candidate, plain, candidate, ..., plain].
+        parts = self._split(text)
+        out: list[int] = []
+        get, run = self._special.get, ""
+        for i in range(1, len(parts), 2):
+            c = parts[i]
+            tid = get(c)
+            if tid is None:  # plain text after all (`<b>`, `[1]`) ...
+                if self._finder.search(c, 1):  # ... unless a special token may start inside
+                    return self._encode_searching(text)
+                run += parts[i - 1] + c
+                continue
+            piece = run + parts[i - 1] if run else parts[i - 1]
+            if piece:
+                out += self._plain(piece)
+            run = ""
+            out.append(tid)
+        piece = run + parts[-1] if run else parts[-1]
+        if piece:
+            out += self._plain(piece)
+        return out
+
+    def _encode_searching(self, text: str) -> list[int]:
+        """The candidates one at a time, retrying one character on after each miss."""
         out: list[int] = []
         special, search, pos = self._special, self._candidates.search, 0
         m = search(text)
