@@ -78,13 +78,15 @@ def cpus() -> tuple[int | None, int | None]:
 def start_sim(workdir: Path, latency: float, tokens: int, cpu: int | None):
     cfg = workdir / "sim.toml"
     cfg.write_text(SIM_CONFIG.format(latency=latency, tokens=tokens))
+    err = (workdir / "sim.err").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "specgen", "sim", "--port", "0", "--config",
-                             str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             str(cfg)], stdout=subprocess.PIPE, stderr=err,
                             text=True, cwd=ROOT, preexec_fn=pin(cpu))
     line = proc.stdout.readline().strip()
     if not line.startswith("specgen sim listening on "):
         proc.kill()
-        raise SystemExit(f"sim did not start: {line!r}")
+        raise SystemExit(f"sim did not start: {line!r} "
+                         f"{(workdir / 'sim.err').read_text()[-2000:]}")
     threading.Thread(target=proc.stdout.read, daemon=True).start()
     return proc, line.rsplit(" ", 1)[1] + "/api/v1"
 
