@@ -9,8 +9,13 @@ core is measured alone:
    load generator, sharing the machine, is the bottleneck).
 2. hold: 1 s latency to first token, 5,000 concurrent requests. Reports the peak of open
    requests inside the server and its peak RSS.
+3. loop: 1 s latency, 2,000 keep-alive connections each re-sending as soon as it is answered
+   (the engine benchmark's load, ~2,000 req/s). Reports requests/s, how busy the server's
+   core was (CPU seconds / wall seconds), CPU per request and wrk's latency percentiles: the
+   simulator must stay far from saturated so that clients measure themselves.
 
-Run:  .venv/bin/python bench/sim.py [--runs 5] [--seconds 5] [--hold 5000] [--client aiohttp]
+Run:  .venv/bin/python bench/sim.py [--runs 5] [--seconds 5] [--hold 5000] [--loop 2000]
+                                    [--only throughput|hold|loop] [--client aiohttp]
 Prints the median over the runs, with the machine noted.
 
 `--inprocess N` instead runs N requests straight through the chat handler (aiohttp's mocked
@@ -282,6 +287,41 @@ def hold(args, workdir: Path) -> list[tuple[int, float, float, int]]:
     return results
 
 
+def loop(args, workdir: Path) -> list[tuple[float, float, float, str]]:
+    """`args.loop` connections against 1 s latency, each re-sending when answered (wrk);
+    the server's CPU busy share over the run."""
+    if not shutil.which("wrk"):
+        raise SystemExit("the loop scenario needs wrk (apt-get install wrk)")
+    proc, root = start_server(1.0, workdir)
+    url = root + "/api/v1/chat/completions"
+    results = []
+    try:
+        for run in range(args.runs + 1):
+            before, cpu0, t0 = stats(root)["completed"], cpu_seconds(proc.pid), time.monotonic()
+            out = subprocess.run(
+                ["wrk", "-t2", f"-c{args.loop}", f"-d{max(2, round(args.seconds))}s", "--latency",
+                 "--timeout", "30s", "-s", str(_wrk_script(workdir)), url],
+                check=True, capture_output=True, text=True).stdout
+            after, cpu1, t1 = stats(root)["completed"], cpu_seconds(proc.pid), time.monotonic()
+            while stats(root)["in_flight"]:  # let the last wave finish before the next run
+                time.sleep(0.1)
+            if run == 0:
+                continue  # warm-up (connections opening, caches filling)
+            n = after - before
+            busy = (cpu1 - cpu0) / (t1 - t0)
+            pcts = {ln.split()[0]: ln.split()[1] for ln in out.splitlines()
+                    if ln.strip().startswith(("50%", "99%"))}
+            lat = f"p50 {pcts.get('50%', '?')}, p99 {pcts.get('99%', '?')}"
+            results.append((n / (t1 - t0), busy, (cpu1 - cpu0) / max(n, 1), lat))
+            print(f"  run {run}: {n / (t1 - t0):,.0f} req/s, server core {100 * busy:.0f}% busy, "
+                  f"{1e6 * (cpu1 - cpu0) / max(n, 1):.0f} us CPU per request, latency {lat}",
+                  flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return results
+
+
 def inprocess(n: int, profile: bool = False) -> None:
     """N requests through the server's HTTP parser and chat handler, no sockets: raw request
     bytes go into a connection whose transport collects the answers."""
@@ -331,7 +371,10 @@ def inprocess(n: int, profile: bool = False) -> None:
         cpu = time.process_time() - t0
         if profile:
             prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+            st = pstats.Stats(prof)
+            st.sort_stats("tottime").print_stats(30)
+            if os.environ.get("SIM_PROFILE_CALLERS"):  # e.g. "of 'dict' objects"
+                st.print_callers(os.environ["SIM_PROFILE_CALLERS"])
         assert transport.ok == n, transport.ok
         return cpu
 
@@ -347,7 +390,9 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--hold", type=int, default=5000)
     ap.add_argument("--client", choices=("auto", "wrk", "aiohttp"), default="auto")
-    ap.add_argument("--only", choices=("throughput", "hold"))
+    ap.add_argument("--loop", type=int, default=2000, metavar="CONNECTIONS",
+                    help="connections of the loop scenario (default 2000)")
+    ap.add_argument("--only", choices=("throughput", "hold", "loop"))
     ap.add_argument("--inprocess", type=int, metavar="N")
     ap.add_argument("--profile", action="store_true", help="with --inprocess: cProfile it")
     ap.add_argument("--baseline", action="store_true",
@@ -376,6 +421,13 @@ def main() -> None:
                 res = throughput(args, workdir, baseline=True)
                 print(f"  median: {statistics.median(r[0] for r in res):,.0f} req/s wall, "
                       f"{statistics.median(r[1] for r in res):,.0f} req per server CPU-second")
+        if args.only in (None, "loop"):
+            print(f"loop: 1 s latency, {args.loop} keep-alive connections re-sending when "
+                  "answered, 200-token completions, non-streaming")
+            res = loop(args, workdir)
+            print(f"  median: {statistics.median(r[0] for r in res):,.0f} req/s, server core "
+                  f"{100 * statistics.median(r[1] for r in res):.0f}% busy, "
+                  f"{1e6 * statistics.median(r[2] for r in res):.0f} us CPU per request")
         if args.only in (None, "hold"):
             print(f"hold: 1 s latency, {args.hold} concurrent requests")
             res = hold(args, workdir)

@@ -41,6 +41,9 @@ class ChatRequest:
     seed: int | None
     prior_tool_calls: int  # tool calls in the conversation so far (k of functions.name:k)
     history_tool: str | None  # name of the last tool called in the conversation
+    # Set by the server when quirk tool_calls_in_content applies (the request has no tools):
+    # the request then also serves as the model's `GenRequest`.
+    force_raw_tool_call: bool = False
 
 
 def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -> ChatRequest:

@@ -16,7 +16,7 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..conversation import AssistantMessage, ToolCall
 from ..render.base import Renderer
@@ -24,6 +24,9 @@ from ..render.kimi import KimiRenderer
 from .config import SimConfig
 from .schema import ArgumentGenerator
 from .text import TextBank
+
+if TYPE_CHECKING:
+    from .chat_request import ChatRequest
 
 # Private-use sentinels marking where reasoning and content go in a completion template.
 _R = "\ue000R\ue001"
@@ -97,7 +100,7 @@ class Model:
             n = int(ln.tokens * math.exp(rng.gauss(0.0, ln.sigma)))
         return max(ln.min, min(ln.max, n))
 
-    def generate(self, req: GenRequest, rng: random.Random) -> Generated:
+    def generate(self, req: GenRequest | ChatRequest, rng: random.Random) -> Generated:
         renderer = self.renderers[req.thinking]
         thinking = self._thinks[req.thinking]
         total = self.sample_length(rng)

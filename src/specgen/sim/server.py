@@ -453,9 +453,9 @@ class Simulator:
         del rng  # nothing more is drawn before the answer: hold no state while waiting
         if self.model.fast:
             req.messages = []  # the answer needs only what parse_chat_request kept
-        ctx.setup(req=req, quirks=quirks, prompt_ids=prompt_ids, gen_id=gen_id,
-                  created=int(now), latency=latency, fault=fault, answer_key=answer_key,
-                  content_key=content_key)
+        ctx.req, ctx.quirks, ctx.prompt_ids, ctx.gen_id = req, quirks, prompt_ids, gen_id
+        ctx.created, ctx.latency, ctx.fault = int(now), latency, fault
+        ctx.answer_key, ctx.content_key = answer_key, content_key
         if req.stream:
             return self._spawn(ctx, self._stream(ctx))
         # The answer is sampled after the time to first token, so waiting requests are cheap.
@@ -482,13 +482,9 @@ class Simulator:
         req, provider = ctx.req, ctx.provider
         rng = HashRandom(ctx.answer_key)
         content_rng = rng if ctx.content_key is None else HashRandom(ctx.content_key)
-        gen = self.model.generate(GenRequest(
-            messages=req.messages, tools=req.tools, thinking=req.thinking,
-            prior_tool_calls=req.prior_tool_calls, history_tool=req.history_tool,
-            tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
-            effort=req.effort, reasoning_max_tokens=req.reasoning_max_tokens,
-            force_raw_tool_call=not req.tools and "tool_calls_in_content" in ctx.quirks,
-        ), content_rng)
+        if not req.tools and "tool_calls_in_content" in ctx.quirks:
+            req.force_raw_tool_call = True
+        gen = self.model.generate(req, content_rng)  # a ChatRequest has GenRequest's fields
         n_prompt = len(ctx.prompt_ids)
         max_tokens = min(req.max_tokens or provider.max_completion_tokens,
                          provider.max_completion_tokens, provider.context_length - n_prompt)
@@ -556,17 +552,22 @@ class Simulator:
 
     def _account(self, ctx: _Ctx) -> None:
         usage = ctx.usage
-        self.spent += usage["cost"]
-        self.stats.add_completion(ctx.provider.name, usage, ctx.served.quirks, ctx.resegmented)
+        cost = usage["cost"]
+        served = ctx.served
+        name = ctx.provider.name
+        n_prompt, n_completion = usage["prompt_tokens"], usage["completion_tokens"]
+        self.spent += cost
+        self.stats.add_completion(name, n_prompt, n_completion, served.reasoning_tokens, cost,
+                                  served.quirks, ctx.resegmented)
         # Kept slim (the JSON is built only if someone asks): no messages, no ids.
         # Atomic values only: the garbage collector then stops tracking the tuple.
-        self.generations[ctx.gen_id] = (
-            ctx.provider.name, usage["cost"], usage["prompt_tokens"], usage["completion_tokens"],
-            usage["completion_tokens_details"]["reasoning_tokens"],
+        generations = self.generations
+        generations[ctx.gen_id] = (
+            name, cost, n_prompt, n_completion, served.reasoning_tokens,
             usage["prompt_tokens_details"]["cached_tokens"], ctx.req.model, ctx.created,
-            ctx.served.finish_reason, ctx.req.stream, ctx.latency)
-        if len(self.generations) > GENERATION_LOG:
-            self.generations.popitem(last=False)
+            served.finish_reason, ctx.req.stream, ctx.latency)
+        if len(generations) > GENERATION_LOG:
+            generations.popitem(last=False)
 
     # -- non-stream -----------------------------------------------------------------------
     def _message(self, ctx: _Ctx, served: Served) -> dict[str, Any]:
@@ -800,19 +801,6 @@ class _Ctx:
         self.usage: dict[str, Any] = {}
         self.resegmented = 0
         self.draw = 0.0
-
-    def setup(self, *, req: ChatRequest, quirks: frozenset[str], prompt_ids: array, gen_id: str,
-              created: int, latency: float, fault: str | None, answer_key: bytes,
-              content_key: bytes | None) -> None:
-        self.req = req
-        self.quirks = quirks
-        self.prompt_ids = prompt_ids
-        self.gen_id = gen_id
-        self.created = created
-        self.latency = latency
-        self.fault = fault
-        self.answer_key = answer_key
-        self.content_key = content_key
 
     def lost(self) -> None:
         self.sim._lost(self)

@@ -36,21 +36,22 @@ class Stats:
         pf = self.provider(provider)["faults"]
         pf[fault] = pf.get(fault, 0) + 1
 
-    def add_completion(self, provider: str, usage: dict[str, Any], quirks: list[str],
+    def add_completion(self, provider: str, prompt_tokens: int, completion_tokens: int,
+                       reasoning_tokens: int, cost: float, quirks: list[str],
                        resegmented: int) -> None:
-        self.prompt_tokens += usage["prompt_tokens"]
-        self.completion_tokens += usage["completion_tokens"]
-        self.reasoning_tokens += usage["completion_tokens_details"]["reasoning_tokens"]
-        self.cost_usd += usage["cost"]
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.reasoning_tokens += reasoning_tokens
+        self.cost_usd += cost
         if resegmented:
             self.resegmented += 1
         for q in quirks:
             self.quirks[q] = self.quirks.get(q, 0) + 1
-        ps = self.provider(provider)
+        ps = self.providers.get(provider) or self.provider(provider)
         ps["completed"] += 1
-        ps["prompt_tokens"] += usage["prompt_tokens"]
-        ps["completion_tokens"] += usage["completion_tokens"]
-        ps["cost_usd"] += usage["cost"]
+        ps["prompt_tokens"] += prompt_tokens
+        ps["completion_tokens"] += completion_tokens
+        ps["cost_usd"] += cost
 
     def to_json(self) -> dict[str, Any]:
         return {
