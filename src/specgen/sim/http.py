@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import struct
 import time
@@ -280,25 +281,18 @@ class HttpConnection(asyncio.Protocol):
             self._wait(data, len(data) + 1)
             return None
         try:
-            lines = data[:end].decode("latin-1").split("\r\n")
-            request_line = lines[0].split(" ")
+            head = data[:end].decode("latin-1")
+            first, _, fields = head.partition("\r\n")
+            request_line = first.split(" ")
             if len(request_line) != 3:
-                raise ValueError(f"bad request line {lines[0][:60]!r}")
+                raise ValueError(f"bad request line {first[:60]!r}")
             method, target, version = request_line
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep or not name or name[-1] in " \t":
-                    raise ValueError(f"bad header line {line[:60]!r}")
-                name = name.lower()
-                value = value.strip()
-                if name in headers:
-                    if name == "content-length" and headers[name] != value:
-                        raise ValueError("conflicting Content-Length")
-                    value = headers[name] + ", " + value
-                headers[name] = value
             if not version.startswith("HTTP/1."):
                 raise ValueError(f"unsupported version {version[:20]!r}")
+            pairs = _FIELD.findall(fields)  # one per well-formed line
+            headers = {name.lower(): value for name, value in pairs}
+            if len(headers) != len(pairs) or (fields and len(pairs) != fields.count("\n") + 1):
+                headers = _fields_slowly(fields)  # repeated names, or a malformed line
         except ValueError as exc:
             self._bad(400, str(exc) or "bad request line")
             return None
@@ -373,6 +367,26 @@ class HttpConnection(asyncio.Protocol):
                 pass
         self.current = None
         transport.abort()
+
+
+# A header line: a token, a colon, the value without surrounding blanks.
+_FIELD = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*\r?$", re.M)
+
+
+def _fields_slowly(fields: str) -> dict[str, str]:
+    """Header fields line by line: repeated names joined with ", "; bad lines a ValueError."""
+    headers: dict[str, str] = {}
+    for line in fields.split("\r\n"):
+        m = _FIELD.fullmatch(line)
+        if m is None:
+            raise ValueError(f"bad header line {line[:60]!r}")
+        name, value = m.group(1).lower(), m.group(2)
+        if name in headers:
+            if name == "content-length" and headers[name] != value:
+                raise ValueError("conflicting Content-Length")
+            value = headers[name] + ", " + value
+        headers[name] = value
+    return headers
 
 
 def _dechunk(data: bytes, pos: int) -> tuple[bytes, int] | None:
