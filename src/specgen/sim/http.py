@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import socket
 import struct
 import time
@@ -289,10 +288,18 @@ class HttpConnection(asyncio.Protocol):
             method, target, version = request_line
             if not version.startswith("HTTP/1."):
                 raise ValueError(f"unsupported version {version[:20]!r}")
-            pairs = _FIELD.findall(fields)  # one per well-formed line
-            headers = {name.lower(): value for name, value in pairs}
-            if len(headers) != len(pairs) or (fields and len(pairs) != fields.count("\n") + 1):
-                headers = _fields_slowly(fields)  # repeated names, or a malformed line
+            headers: dict[str, str] = {}
+            for line in fields.split("\r\n") if fields else ():
+                name, sep, value = line.partition(":")
+                if not sep or not name or name[-1] in " \t" or " " in name:
+                    raise ValueError(f"bad header line {line[:60]!r}")
+                name = name.lower()
+                value = value.strip(" \t")
+                if name in headers:
+                    if name == "content-length" and headers[name] != value:
+                        raise ValueError("conflicting Content-Length")
+                    value = headers[name] + ", " + value
+                headers[name] = value
         except ValueError as exc:
             self._bad(400, str(exc) or "bad request line")
             return None
@@ -367,26 +374,6 @@ class HttpConnection(asyncio.Protocol):
                 pass
         self.current = None
         transport.abort()
-
-
-# A header line: a token, a colon, the value without surrounding blanks.
-_FIELD = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*\r?$", re.M)
-
-
-def _fields_slowly(fields: str) -> dict[str, str]:
-    """Header fields line by line: repeated names joined with ", "; bad lines a ValueError."""
-    headers: dict[str, str] = {}
-    for line in fields.split("\r\n"):
-        m = _FIELD.fullmatch(line)
-        if m is None:
-            raise ValueError(f"bad header line {line[:60]!r}")
-        name, value = m.group(1).lower(), m.group(2)
-        if name in headers:
-            if name == "content-length" and headers[name] != value:
-                raise ValueError("conflicting Content-Length")
-            value = headers[name] + ", " + value
-        headers[name] = value
-    return headers
 
 
 def _dechunk(data: bytes, pos: int) -> tuple[bytes, int] | None:
