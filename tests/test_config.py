@@ -162,3 +162,30 @@ def test_to_json_has_no_secret_and_is_plain(tmp_path, monkeypatch):
     blob = orjson.dumps(cfg.to_json())
     assert b"sk-or-secret-123" not in blob
     assert b"OPENROUTER_API_KEY" in blob  # the variable's name, not its value
+
+
+def test_result_hash_uses_dataset_paths_as_written(tmp_path):
+    """Shards of one config run from different directories (or machines) must hash alike,
+    or `specgen merge` would refuse them; a different path as written is a different source."""
+    here, there = tmp_path / "machine-a", tmp_path / "elsewhere" / "machine-b"
+    here.mkdir()
+    there.mkdir(parents=True)
+    a, b = cfg_of(here), cfg_of(there)
+    assert a.datasets[0].path != b.datasets[0].path  # resolved to different absolute paths
+    assert a.result_hash() == b.result_hash()
+    (there / "sub").mkdir()
+    other = cfg_of(there, BASE.replace('path = "data.jsonl"', 'path = "./sub/../data.jsonl"'))
+    assert other.result_hash() != a.result_hash()
+
+
+def test_path_as_written_is_not_a_config_key(tmp_path):
+    msg = error_of(tmp_path, BASE + 'path_as_written = "x"\n')
+    assert "unknown key(s) in [dataset[0]]: path_as_written" in msg
+
+
+def test_native_tool_ids_is_a_result_key(tmp_path):
+    a = cfg_of(tmp_path)
+    off = cfg_of(tmp_path, BASE + "native_tool_ids = false\n")
+    assert a.datasets[0].native_tool_ids is None and off.datasets[0].native_tool_ids is False
+    assert off.dataset_result_hash(off.datasets[0]) != a.dataset_result_hash(a.datasets[0])
+    assert "native_tool_ids" in error_of(tmp_path, BASE + 'native_tool_ids = "yes"\n')

@@ -109,7 +109,7 @@ def test_openai_rows_ids_tools_and_broken_rows():
 
 def test_native_ids_can_be_switched_off():
     d = ds(FIX / "openai.jsonl")
-    d.native_tool_ids = False  # the DatasetConfig key (read with getattr until config has it)
+    d.native_tool_ids = False  # the dataset key `native_tool_ids`
     first = good(iter_rows(d))[0]
     assert first.messages[4]["tool_calls"][0]["id"] == "call_abc"
     assert first.messages[5]["tool_call_id"] == "call_abc"

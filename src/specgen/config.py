@@ -117,6 +117,9 @@ class DatasetConfig:
     # Rewrite tool-call ids to the model's native form (functions.{name}:{k}); None = on for
     # the Kimi renderers (see specgen.sources.toolids).
     native_tool_ids: bool | None = None
+    # The path as the config wrote it: what the result hash uses, so shards of one config run
+    # from different directories or machines hash alike (and merge).
+    path_as_written: str | None = field(default=None, init=False)
 
 
 @dataclass
@@ -181,6 +184,8 @@ class RunConfig:
         effective max_tokens, on_length, split)."""
         d = _jsonable(dataclasses.asdict(ds))
         keep = {k: d[k] for k in RESULT_DATASET_KEYS}
+        if ds.path_as_written is not None:
+            keep["path"] = ds.path_as_written
         keep["max_tokens"] = self.max_tokens_for(ds)
         return _hash(keep)
 
@@ -278,6 +283,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         if ds.name in names:
             raise ConfigError(f"{label}: duplicate dataset name")
         names.add(ds.name)
+        ds.path_as_written = str(ds.path)
         ds.path = _resolve(base, ds.path)
         if not ds.path.exists():
             raise ConfigError(f"{label}: path {str(ds.path)!r} does not exist")

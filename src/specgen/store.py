@@ -159,7 +159,8 @@ RESULT_COLUMNS = (
 )
 
 
-def _result_row(row: tuple) -> ResultRow:
+def decode_result_row(row: tuple) -> ResultRow:
+    """A `ResultRow` from a row selected with `RESULT_COLUMNS` (raises on a corrupt blob)."""
     return ResultRow(
         task=row[0], conversation=row[1], conv_id=row[2], dataset=row[3], turn=row[4],
         provider=row[5], model=row[6], finish_reason=row[7], native_finish_reason=row[8],
@@ -286,7 +287,7 @@ class Store:
         cur = self.conn.execute(sql, args)
         while rows := cur.fetchmany(batch):
             for row in rows:
-                yield _result_row(row)
+                yield decode_result_row(row)
 
     def conversation(self, conversation: int):
         """The stored source Conversation of a conversation row id."""

@@ -31,7 +31,7 @@ import orjson
 
 from .conversation import AssistantMessage
 from .export.snapshot import read_snapshot
-from .store import RESULT_COLUMNS, ResultRow, _result_row
+from .store import RESULT_COLUMNS, ResultRow, decode_result_row
 
 DEFAULT_MAX_TRUE_MISMATCH = 0.02
 SHOW = 5  # examples kept per check / per true-id kind
@@ -190,7 +190,7 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
             for raw in rows:
                 report.samples += 1
                 try:
-                    row = _result_row(raw)
+                    row = decode_result_row(raw)
                 except Exception as exc:  # noqa: BLE001 - any decoding error is a bad blob
                     report.add_sample([Problem("blob", raw[0], raw[3], raw[2], raw[4],
                                                f"stored sample cannot be decoded: {exc}")])

@@ -657,7 +657,8 @@ class Engine:
             message = norm.message
             if getattr(norm, "truncated", False) and self.stages.truncated_ids is not None:
                 # kept at max_tokens (on_length = "keep"): no stop token was sampled
-                completion = self.stages.truncated_ids(self.renderer, norm)
+                completion = self.stages.truncated_ids(self.renderer, norm,
+                                                       context=job.messages, tools=job.tools)
             else:
                 completion = self.renderer.completion_ids(message, context=job.messages,
                                                           tools=job.tools)

@@ -16,7 +16,8 @@ class Stages:
     normalize: Callable[..., Any]  # specgen.normalize.normalize(resp, tools=, renderer=, on_length=)
     quarantined: type[BaseException]  # specgen.normalize.Quarantined
     end: type  # specgen.planner.End
-    # specgen.normalize.sampled_completion_ids(renderer, norm): ids of a truncated answer
+    # specgen.normalize.sampled_completion_ids(renderer, norm, context=, tools=): ids of a
+    # truncated answer
     truncated_ids: Callable[..., Any] | None = None
 
 

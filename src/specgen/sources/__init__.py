@@ -63,7 +63,7 @@ def iter_rows(ds: DatasetConfig, start: int = 0, *, renderer: str | None = None)
             f"dataset {ds.name!r}: unknown format {fmt!r}; choose auto or one of "
             f"{', '.join(sorted(FORMATS))}"
         )
-    native = resolve_native_ids(getattr(ds, "native_tool_ids", None), renderer)
+    native = resolve_native_ids(ds.native_tool_ids, renderer)
     for rec in iter_records(ds.path, start, ds.split):
         yield _row(rec, fmt, native)
 
