@@ -112,7 +112,8 @@ def build_store(run_dir: Path, datasets: dict[str, list[dict]], *, renderer: str
                      pack_ids(prompt) if true_ids else None,
                      pack_ids(completion) if true_ids else None,
                      len(prompt), len(completion), 3, cost,
-                     orjson.dumps(["strip_im_end"] if row_index % 4 == 2 else []).decode(),
+                     orjson.dumps(["strip_im_end"] if row_index % 4 == 2 else
+                                  ["flag:arguments_compact"] if row_index % 4 == 3 else []).decode(),
                      0.5, now))
     c.execute("INSERT INTO quarantine(task, dataset, provider, reason, response, created_at) "
               "VALUES(NULL, ?, 'beta', 'empty_response', NULL, ?)", (next(iter(datasets)), now))

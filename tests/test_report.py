@@ -95,6 +95,10 @@ def test_numbers_match_the_store(run):
     assert failed > 0
     assert f"rate_limited|{failed}" in "|".join(page.sections["errors"]["text"])
     assert "strip_im_end" in "".join(page.sections["repairs-quarantine"]["text"])
+    # flags are observations, listed apart from the repairs and without their prefix
+    assert "flag:" not in "".join(page.sections["repairs-quarantine"]["text"])
+    assert "arguments_compact" in "".join(page.sections["repairs-quarantine"]["text"])
+    assert "nothing changed" in "".join(page.sections["repairs-quarantine"]["text"])
     assert "empty_response" in "".join(page.sections["repairs-quarantine"]["text"])
     lat = "|".join(page.sections["latency"]["text"])
     assert "|all|" in lat and "0.500s" in lat  # the fixture's attempts take 0.5 s

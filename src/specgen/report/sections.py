@@ -195,6 +195,8 @@ def _float_bins(values: list[float], n: int = 20) -> list[tuple[float, float, in
 def _repairs(s: RunStats) -> Section:
     sec = Section("repairs-quarantine", "Repairs and quarantines", [
         Table("Repairs applied to kept samples", ["repair", "samples"], s.repairs.most_common()),
+        Table("Observed in kept samples, nothing changed (normaliser flags)",
+              ["flag", "samples"], s.flags.most_common()),
         Table("Quarantined answers by reason", ["reason", "answers"], s.quarantine.most_common()),
         Table("Quarantined answers by reason, dataset and provider",
               ["reason", "dataset", "provider", "answers"], [list(r) for r in s.quarantine_by]),

@@ -31,6 +31,7 @@ class RunStats:
     recent_events: list[dict[str, Any]]
     latency: dict[str, dict[str, list[float]]]  # provider ("all") -> {"first_byte", "total"}
     repairs: Counter
+    flags: Counter  # `flag:` observations on kept samples (nothing was changed)
     quarantine: Counter
     quarantine_by: list[tuple[str, str, str, int]]  # (reason, dataset, provider, n)
     task_errors: Counter
@@ -111,6 +112,7 @@ def collect(store) -> RunStats:
     finish: dict[str, Counter] = defaultdict(Counter)
     native: Counter = Counter()
     repairs: Counter = Counter()
+    flags: Counter = Counter()
     for ds, n, fr, nfr, rep in q(
             "SELECT dataset, length(input_ids) / 4 - n_prompt, finish_reason, "
             "native_finish_reason, repairs FROM results"):
@@ -120,8 +122,11 @@ def collect(store) -> RunStats:
             native[nfr] += 1
         if rep and rep != "[]":
             try:
-                for name in orjson.loads(rep):
-                    repairs[str(name)] += 1
+                for name in map(str, orjson.loads(rep)):
+                    if name.startswith("flag:"):
+                        flags[name[5:]] += 1
+                    else:
+                        repairs[name] += 1
             except orjson.JSONDecodeError:
                 repairs["(unreadable repairs field)"] += 1
 
@@ -162,7 +167,8 @@ def collect(store) -> RunStats:
         tasks=Counter(dict(q("SELECT status, COUNT(*) FROM tasks GROUP BY 1"))),
         lengths=dict(lengths), finish_reasons=dict(finish), native_finish_reasons=native,
         error_classes=errors, errors_over_time=_buckets(times), events=events,
-        recent_events=recent, latency=dict(latency), repairs=repairs, quarantine=quarantine,
+        recent_events=recent, latency=dict(latency), repairs=repairs, flags=flags,
+        quarantine=quarantine,
         quarantine_by=quarantine_by,
         task_errors=Counter(dict(q("SELECT COALESCE(error, '?'), COUNT(*) FROM tasks "
                                    "WHERE status = 'failed' GROUP BY 1"))),
