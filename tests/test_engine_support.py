@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -16,42 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from specgen.store import Store, unpack_ids
+from test_sim_support import SimProcess  # noqa: F401 - re-exported for the engine tests
 
 REPO = Path(__file__).resolve().parents[1]
 SPECGEN = [sys.executable, "-m", "specgen"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-class SimProcess:
-    """`specgen sim --port 0` in its own process, with a TOML config."""
-
-    def __init__(self, workdir: Path, config: str = "", name: str = "sim"):
-        self.path = workdir / f"{name}.toml"
-        self.path.write_text(config)
-        self.proc = subprocess.Popen(
-            [*SPECGEN, "sim", "--port", "0", "--config", str(self.path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("specgen sim listening on "):
-            self.proc.kill()
-            raise RuntimeError(f"sim did not start: {line!r} {self.proc.stderr.read()}")
-        self.root = line.rsplit(" ", 1)[1]
-        self.url = self.root + "/api/v1"
-
-    def stats(self) -> dict[str, Any]:
-        import urllib.request
-
-        with urllib.request.urlopen(self.root + "/sim/stats", timeout=30) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

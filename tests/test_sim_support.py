@@ -24,7 +24,7 @@ MODEL = "moonshotai/kimi-k2.5"
 class SimProcess:
     """`python -m specgen sim --port 0 --config FILE --seed S`, killed at the end."""
 
-    def __init__(self, tmp: Path, config: str, seed: int = 0, name: str = "sim"):
+    def __init__(self, tmp: Path, config: str = "", seed: int = 0, name: str = "sim"):
         path = tmp / f"{name}.toml"
         path.write_text(config)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -38,6 +38,7 @@ class SimProcess:
             self.stop()
             raise RuntimeError(f"sim did not start: {line!r}\n{self.proc.stderr.read()[-3000:]}")
         self.root = line.split()[-1]
+        self.url = self.root + "/api/v1"  # the base_url a run config points at
         self.stderr: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
 
