@@ -217,16 +217,20 @@ def default_renderer(model: str) -> str:
     return "hf"
 
 
+def read_toml(path: Path, what: str = "config") -> dict[str, Any]:
+    """A TOML file's tables; a missing file or bad TOML is a `ConfigError` naming the file."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
 def load_config(path: str | os.PathLike[str]) -> RunConfig:
     """Read and validate a run config TOML file."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    return parse_config(raw, path)
+    return parse_config(read_toml(path), path)
 
 
 def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:

@@ -274,20 +274,27 @@ class Store:
         self, datasets: Sequence[str] | None = None, *, batch: int = 256
     ) -> Iterator[ResultRow]:
         """Every stored sample in a deterministic order: dataset position, source row, turn."""
+        for row in self.iter_result_tuples(datasets, batch=batch):
+            yield decode_result_row(row)
+
+    def iter_result_tuples(
+        self, datasets: Sequence[str] | None = None, *, batch: int = 256
+    ) -> Iterator[tuple]:
+        """`iter_results` undecoded (rows of `RESULT_COLUMNS`), for readers such as verify that
+        report a corrupt blob instead of stopping at it."""
         sql = (
             f"SELECT {RESULT_COLUMNS} FROM results r "
-            "JOIN conversations c ON c.id = r.conversation "
-            "JOIN datasets d ON d.name = r.dataset "
+            "LEFT JOIN conversations c ON c.id = r.conversation "
+            "LEFT JOIN datasets d ON d.name = r.dataset "
         )
         args: list[Any] = []
         if datasets:
             sql += f"WHERE r.dataset IN ({','.join('?' * len(datasets))}) "
             args.extend(datasets)
-        sql += "ORDER BY d.position, c.row_index, r.turn"
+        sql += "ORDER BY d.position, c.row_index, r.turn, r.task"
         cur = self.conn.execute(sql, args)
         while rows := cur.fetchmany(batch):
-            for row in rows:
-                yield decode_result_row(row)
+            yield from rows
 
     def conversation(self, conversation: int):
         """The stored source Conversation of a conversation row id."""

@@ -31,7 +31,7 @@ import orjson
 
 from .conversation import AssistantMessage
 from .export.snapshot import read_snapshot
-from .store import RESULT_COLUMNS, ResultRow, decode_result_row
+from .store import ResultRow, decode_result_row
 
 DEFAULT_MAX_TRUE_MISMATCH = 0.02
 SHOW = 5  # examples kept per check / per true-id kind
@@ -177,25 +177,15 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
         report = VerifyReport(run_dir=str(run_dir), renderer=renderer.name,
                               max_true_mismatch=max_true_mismatch)
         checker = SampleChecker(tok, renderer)
-        sql = (f"SELECT {RESULT_COLUMNS} FROM results r "
-               "LEFT JOIN conversations c ON c.id = r.conversation "
-               "LEFT JOIN datasets d ON d.name = r.dataset ")
-        args: list[Any] = []
-        if datasets:
-            sql += f"WHERE r.dataset IN ({','.join('?' * len(datasets))}) "
-            args.extend(datasets)
-        sql += "ORDER BY d.position, c.row_index, r.turn, r.task"
-        cur = store.conn.execute(sql, args)
-        while rows := cur.fetchmany(256):
-            for raw in rows:
-                report.samples += 1
-                try:
-                    row = decode_result_row(raw)
-                except Exception as exc:  # noqa: BLE001 - any decoding error is a bad blob
-                    report.add_sample([Problem("blob", raw[0], raw[3], raw[2], raw[4],
-                                               f"stored sample cannot be decoded: {exc}")])
-                    continue
-                report.add_sample(checker.check(row, report))
+        for raw in store.iter_result_tuples(datasets):
+            report.samples += 1
+            try:
+                row = decode_result_row(raw)
+            except Exception as exc:  # noqa: BLE001 - any decoding error is a bad blob
+                report.add_sample([Problem("blob", raw[0], raw[3], raw[2], raw[4],
+                                           f"stored sample cannot be decoded: {exc}")])
+                continue
+            report.add_sample(checker.check(row, report))
         report.store_problems = store_consistency(store)
     return report
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import QUANTIZATIONS, ConfigError, build_table
+from ..config import QUANTIZATIONS, ConfigError, build_table, read_toml
 
 # Parameters a provider may support (OpenRouter's `supported_parameters` vocabulary).
 DEFAULT_SUPPORTED_PARAMETERS = [
@@ -274,13 +273,7 @@ class SimConfig:
 def load_sim_config(path: str | Path) -> SimConfig:
     """Read and validate a simulator TOML file."""
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: sim config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    cfg = SimConfig.from_dict(raw, str(path))
+    cfg = SimConfig.from_dict(read_toml(path, "sim config"), str(path))
     cfg.source = path
     if cfg.tokenizer != "demo":
         candidate = (path.parent / cfg.tokenizer).expanduser()
