@@ -515,6 +515,10 @@ def token_streams(draw):
         delta = {field: text}
         if draw(st.booleans()):
             delta["role"] = "assistant"
+        if field == "reasoning" and draw(st.booleans()):  # OpenRouter's copy of the text
+            copy = text if draw(st.booleans()) else draw(_PIECE)
+            delta["reasoning_details"] = [{"type": "reasoning.text", "text": copy,
+                                           "format": "unknown", "index": 0}]
         choice = {"index": 0, "delta": delta, "finish_reason": None}
         if with_ids:
             ids = draw(st.lists(st.integers(0, 2**32 - 1), max_size=3))
@@ -564,6 +568,28 @@ def test_frames_are_used_for_plain_token_chunks():
     assert r.reasoning == "".join(f"r{i}" for i in range(20))
     assert r.content == "".join(f"c{i}" for i in range(20))
     assert r.completion_token_ids == list(range(20)) + [100 + i for i in range(20)]
+
+
+def test_frames_serve_openrouter_reasoning_chunks():
+    """OpenRouter repeats each reasoning piece in `reasoning_details`: one frame still serves
+    the whole reasoning (the copy is a slot the parser ignores), with or without true ids."""
+    for ids in (False, True):
+        chunks = []
+        for i in range(30):
+            piece = f'r{i} "q" \\ é'
+            choice = {"index": 0, "delta": {"reasoning": piece, "reasoning_details": [
+                {"type": "reasoning.text", "text": piece, "format": "unknown", "index": 0}]},
+                "finish_reason": None}
+            if ids:
+                choice["token_ids"] = [i, i + 1]
+            chunks.append({"id": "gen-1", "provider": "P", "choices": [choice]})
+        p = StreamParser()
+        p.feed(sse(*chunks, STREAM[5]))
+        assert p._learns == 1
+        r = p.finish()
+        assert r.reasoning == "".join(f'r{i} "q" \\ é' for i in range(30))
+        if ids:
+            assert r.completion_token_ids == [x for i in range(30) for x in (i, i + 1)]
 
 
 def test_a_frame_does_not_swallow_bad_ids_or_broken_strings():

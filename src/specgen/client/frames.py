@@ -12,7 +12,8 @@ each slot is checked to be exactly one JSON string body (`"` + slot + `"` decode
 an unescaped quote or a dangling backslash inside makes that fail) or one list of integers
 (`[` + slot + `]` decodes to a list). So the chunk parses to the frame's chunk with the slot
 values replaced, which is what the full parser would have seen. Anything else falls back to
-the full parser.
+the full parser. A slot of a field the parser never reads (OpenRouter's copy of each reasoning
+piece in `reasoning_details[0].text`) is only checked to be one JSON string.
 """
 
 from __future__ import annotations
@@ -27,49 +28,81 @@ _JSONDecodeError = orjson.JSONDecodeError
 _STRING_BODY = re.compile(rb'(?:[^"\\]|\\.)*', re.S)
 TEXT_FIELDS = ("content", "reasoning", "reasoning_content")
 _IDS_KEY = b'"token_ids":['
+_DETAILS_TEXT_KEY = b'"text":"'
 
 
 class Frame:
-    """The constant bytes around one text slot and, optionally, one token-ids slot."""
+    """The constant bytes around one text slot and, optionally, a token-ids slot and slots the
+    parser ignores (OpenRouter's `reasoning_details[0].text`, a copy of `reasoning`).
 
-    __slots__ = ("prefix", "mid", "suffix", "field", "ids_first", "into", "_lp", "_ls", "_lm")
+    `parts[i]` ends with slot i's opening delimiter (`"` or `[`) and `parts[i + 1]` starts with
+    its closing one; `kinds[i]` is "text", "ids" or "skip".
+    """
 
-    def __init__(self, prefix: bytes, mid: bytes | None, suffix: bytes, field: str,
-                 ids_first: bool):
-        self.prefix = prefix
-        self.mid = mid  # bytes between the two slots; None without an ids slot
-        self.suffix = suffix
+    __slots__ = ("prefix", "suffix", "field", "into", "_lp", "_ls", "_mids", "_text_at",
+                 "_ids_at", "_skip_at")
+
+    def __init__(self, parts: list[bytes], kinds: list[str], field: str):
+        self.prefix = parts[0]
+        self.suffix = parts[-1]
         self.field = field  # which delta field the text slot is
-        self.ids_first = ids_first
         self.into: list[str] | None = None  # where the parser collects this field's text
-        self._lp = len(prefix)
-        self._ls = len(suffix)
-        self._lm = len(mid) if mid is not None else 0
+        self._lp = len(self.prefix)
+        self._ls = len(self.suffix)
+        self._mids = tuple((m, len(m)) for m in parts[1:-1])  # bytes between two slots
+        self._text_at = kinds.index("text")
+        self._ids_at = kinds.index("ids") if "ids" in kinds else -1
+        self._skip_at = tuple(i for i, k in enumerate(kinds) if k == "skip")
 
     def match(self, event: bytes) -> tuple[str, list[Any] | None] | None:
         """(text, token ids or None) when `event` is this frame with other slot values."""
         if not (event.startswith(self.prefix) and event.endswith(self.suffix)):
             return None
-        # Slices keep the slot's own delimiters (the prefix ends with `"` or `[`, what follows
-        # starts with `"` or `]`), so each is one JSON value to check and decode.
-        start = self._lp - 1
+        # Slices keep the slot's own delimiters (a part before a slot ends with `"` or `[`, the
+        # part after it starts with `"` or `]`), so each is one JSON value to check and decode.
+        pos = self._lp - 1
         end = len(event) - self._ls + 1
-        if end < start + 2 + self._lm:
-            return None
-        mid = self.mid
         try:
-            if mid is None:
-                return _loads(event[start:end]), None
-            cut = event.find(mid, start + 1, end - 1)
-            if cut < 0:
+            if not self._mids:  # the common frame: one text slot
+                if end < pos + 2:
+                    return None
+                return _loads(event[pos:end]), None
+            pieces = []
+            for mid, lm in self._mids:
+                cut = event.find(mid, pos + 1, end - 1)
+                if cut < 0:
+                    return None
+                pieces.append(event[pos:cut + 1])
+                pos = cut + lm - 1
+            if end < pos + 2:
                 return None
-            first = _loads(event[start:cut + 1])
-            second = _loads(event[cut + self._lm - 1:end])
+            pieces.append(event[pos:end])
+            raw = pieces[self._text_at]
+            text = _loads(raw)
+            ids = _loads(pieces[self._ids_at]) if self._ids_at >= 0 else None
+            for i in self._skip_at:
+                if pieces[i] != raw:  # a copy of the text is valid as the text is
+                    _loads(pieces[i])
         except _JSONDecodeError:
             return None
-        if self.ids_first:
-            return second, first
-        return first, second
+        return text, ids
+
+
+def _string_slot(payload: bytes, key: bytes, want: str) -> tuple[int, int] | None:
+    """(start, end) of the string body after `key` (which ends with the opening quote), when
+    `key` occurs once and the body decodes to `want`."""
+    if payload.count(key) != 1:
+        return None
+    t0 = payload.index(key) + len(key)
+    t1 = _STRING_BODY.match(payload, t0).end()
+    if payload[t1:t1 + 1] != b'"':
+        return None
+    try:
+        if _loads(b'"' + payload[t0:t1] + b'"') != want:
+            return None
+    except _JSONDecodeError:
+        return None
+    return t0, t1
 
 
 def learn(payload: bytes, chunk: Any) -> Frame | None:
@@ -96,34 +129,45 @@ def learn(payload: bytes, chunk: Any) -> Frame | None:
     if any(delta.get(f) not in (None, "") for f in TEXT_FIELDS if f != texts[0]):
         return None
     field = texts[0]
-    key = b'"' + field.encode() + b'":"'
-    if payload.count(key) != 1:
+    text = _string_slot(payload, b'"' + field.encode() + b'":"', delta[field])
+    if text is None:
         return None
-    t0 = payload.index(key) + len(key)
-    t1 = _STRING_BODY.match(payload, t0).end()
-    if payload[t1:t1 + 1] != b'"':
-        return None
-    try:
-        if _loads(b'"' + payload[t0:t1] + b'"') != delta[field]:
-            return None
-    except _JSONDecodeError:
-        return None
+    slots = [(text[0], text[1], "text")]
     ids = choice.get("token_ids")
     if ids is None:
         if _IDS_KEY in payload:
             return None
-        return Frame(payload[:t0], None, payload[t1:], field, False)
-    if ids.__class__ is not list or payload.count(_IDS_KEY) != 1:
-        return None
-    i0 = payload.index(_IDS_KEY) + len(_IDS_KEY)
-    i1 = payload.find(b"]", i0)
-    if i1 < 0 or (i0 < t1 and t0 < i1):
-        return None
-    try:
-        if _loads(b"[" + payload[i0:i1] + b"]") != ids:
+    else:
+        if ids.__class__ is not list or payload.count(_IDS_KEY) != 1:
             return None
-    except _JSONDecodeError:
-        return None
-    if t0 < i0:
-        return Frame(payload[:t0], payload[t1:i0], payload[i1:], field, False)
-    return Frame(payload[:i0], payload[i1:t0], payload[t1:], field, True)
+        i0 = payload.index(_IDS_KEY) + len(_IDS_KEY)
+        i1 = payload.find(b"]", i0)
+        if i1 < 0:
+            return None
+        try:
+            if _loads(b"[" + payload[i0:i1] + b"]") != ids:
+                return None
+        except _JSONDecodeError:
+            return None
+        slots.append((i0, i1, "ids"))
+    details = delta.get("reasoning_details")
+    if details is not None:
+        # The parser reads `reasoning`, never its copy in `reasoning_details`: that text may
+        # take any value, as long as it is one JSON string.
+        if (details.__class__ is not list or len(details) != 1
+                or details[0].__class__ is not dict or details[0].get("text").__class__ is not str):
+            return None
+        skip = _string_slot(payload, _DETAILS_TEXT_KEY, details[0]["text"])
+        if skip is None:
+            return None
+        slots.append((skip[0], skip[1], "skip"))
+    slots.sort()
+    if any(a[1] >= b[0] for a, b in zip(slots, slots[1:], strict=False)):
+        return None  # overlapping slots: not a layout this shortcut knows
+    parts, kinds, pos = [], [], 0
+    for start, end, kind in slots:
+        parts.append(payload[pos:start])
+        kinds.append(kind)
+        pos = end
+    parts.append(payload[pos:])
+    return Frame(parts, kinds, field)
