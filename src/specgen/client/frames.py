@@ -97,12 +97,14 @@ def _string_slot(payload: bytes, key: bytes, want: str) -> tuple[int, int] | Non
     t1 = _STRING_BODY.match(payload, t0).end()
     if payload[t1:t1 + 1] != b'"':
         return None
+    return (t0, t1) if _decodes_to(b'"' + payload[t0:t1] + b'"', want) else None
+
+
+def _decodes_to(raw: bytes, want: Any) -> bool:
     try:
-        if _loads(b'"' + payload[t0:t1] + b'"') != want:
-            return None
+        return _loads(raw) == want
     except _JSONDecodeError:
-        return None
-    return t0, t1
+        return False
 
 
 def learn(payload: bytes, chunk: Any) -> Frame | None:
@@ -142,12 +144,7 @@ def learn(payload: bytes, chunk: Any) -> Frame | None:
             return None
         i0 = payload.index(_IDS_KEY) + len(_IDS_KEY)
         i1 = payload.find(b"]", i0)
-        if i1 < 0:
-            return None
-        try:
-            if _loads(b"[" + payload[i0:i1] + b"]") != ids:
-                return None
-        except _JSONDecodeError:
+        if i1 < 0 or not _decodes_to(b"[" + payload[i0:i1] + b"]", ids):
             return None
         slots.append((i0, i1, "ids"))
     details = delta.get("reasoning_details")
