@@ -1,8 +1,8 @@
 """`specgen sim`: a local OpenRouter-compatible simulator with providers, quirks and faults.
 
-A real HTTP server over real sockets (asyncio, `specgen.sim.http`). Completions are sampled as target-model token ids
-with the configured tokenizer and renderer, then turned into API fields the way a serving
-stack does. See docs/sim.md for every knob.
+A real HTTP server over real sockets (asyncio, `specgen.sim.http`). Completions are sampled
+as target-model token ids with the configured tokenizer and renderer, then turned into API
+fields the way a serving stack does. See docs/sim.md for every knob.
 
 In-process use (the engine's ``base_url = "sim"``)::
 
@@ -14,11 +14,12 @@ In-process use (the engine's ``base_url = "sim"``)::
     handle.stop()
 
 ``start_in_thread(config, *, seed=None, tokenizer=None, renderer=None, host="127.0.0.1",
-port=0, models=None)`` runs the server on its own event loop in a daemon thread and returns once it is
-listening. ``tokenizer`` (a loaded `Tokenizer` or a spec such as ``"demo"`` or a model
-directory) and ``renderer`` (a renderer name) override the config, so the simulator can use
-exactly the run's target; ``models`` (slugs) overrides the served models. Inside a running event loop use ``await start(...)`` (same
-arguments), which returns a `SimServer` with ``.url`` and ``await .stop()``.
+port=0, models=None)`` runs the server on its own event loop in a daemon thread and returns
+once it is listening. ``tokenizer`` (a loaded `Tokenizer` or a spec such as ``"demo"`` or a
+model directory) and ``renderer`` (a renderer name) override the config, so the simulator can
+use exactly the run's target; ``models`` (slugs) overrides the served models. Inside a running
+event loop use ``await start(...)`` (same arguments), which returns a `SimServer` with
+``.url`` and ``await .stop()``.
 """
 
 from __future__ import annotations

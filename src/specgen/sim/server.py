@@ -39,7 +39,7 @@ from .faults import (
     moderation_error,
     provider_error,
 )
-from .generate import GenRequest, Model
+from .generate import Generated, GenRequest, Model
 from .http import Request
 from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
@@ -151,10 +151,8 @@ class Simulator:
                 if gen.plain is None:
                     continue
                 for exclude in (False, True):
-                    full = self.serving.serve(
-                        gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
-                        stop_ids=self._stop_ids, max_tokens=len(gen.ids), has_tools=False,
-                        marks=gen.marks, known=gen.known, exclude_reasoning=exclude)
+                    full = self._serve(gen, max_tokens=len(gen.ids), has_tools=False,
+                                       exclude_reasoning=exclude)
                     plain = self.serving.serve_plain(gen.ids, gen.plain, exclude_reasoning=exclude)
                     if (self.serving.fold(full) != self.serving.fold(plain)
                             or (full.finish_reason, full.native_finish_reason, full.reasoning_tokens,
@@ -163,6 +161,12 @@ class Simulator:
                                 plain.quirks)):
                         return False
         return True
+
+    def _serve(self, gen: Generated, **options: Any) -> Served:
+        """`Server.serve` of a generated completion (the full path, pieces and all)."""
+        return self.serving.serve(
+            gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
+            stop_ids=self._stop_ids, marks=gen.marks, known=gen.known, **options)
 
     # -- http -----------------------------------------------------------------------------
     def handle(self, request: Request) -> None:
@@ -493,11 +497,9 @@ class Simulator:
             ctx.served = self.serving.serve_plain(gen.ids, gen.plain,
                                                   exclude_reasoning=req.exclude_reasoning)
         else:
-            ctx.served = self.serving.serve(
-                gen.ids, start_in_reasoning=gen.thinking and gen.renderer.prompt_opens_think,
-                stop_ids=self._stop_ids, max_tokens=max_tokens, stop=req.stop,
-                has_tools=bool(req.tools), marks=gen.marks, known=gen.known,
-                quirks=ctx.quirks, exclude_reasoning=req.exclude_reasoning, rng=rng)
+            ctx.served = self._serve(gen, max_tokens=max_tokens, stop=req.stop,
+                                     has_tools=bool(req.tools), quirks=ctx.quirks,
+                                     exclude_reasoning=req.exclude_reasoning, rng=rng)
         ctx.resegmented = gen.resegmented
         ctx.usage = self._usage(provider, n_prompt, ctx.served, rng)
         ctx.draw = rng.random()  # where a failing answer breaks off, which error shape

@@ -47,7 +47,7 @@ class Stats:
             self.resegmented += 1
         for q in quirks:
             self.quirks[q] = self.quirks.get(q, 0) + 1
-        ps = self.providers.get(provider) or self.provider(provider)
+        ps = self.provider(provider)
         ps["completed"] += 1
         ps["prompt_tokens"] += prompt_tokens
         ps["completion_tokens"] += completion_tokens
