@@ -52,6 +52,7 @@ def test_openrouter_body_has_tools_parameter_and_routing(tmp_path, glaive_conv):
     assert body["reasoning"] == {"enabled": True}
     assert body["provider"] == {"only": ["moonshotai"], "quantizations": ["int4", "fp8"]}
     assert body["usage"] == {"include": True}
+    assert body["transforms"] == [] and "models" not in body  # no compression, no fallback
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert "return_token_ids" not in body and "chat_template_kwargs" not in body
     orjson.dumps(body)  # plain JSON
@@ -95,10 +96,10 @@ def test_local_servers_get_the_openai_dialect(tmp_path, glaive_conv):
     cfg = config(tmp_path, endpoint={"base_url": "http://127.0.0.1:8000/v1",
                                      "return_token_ids": True, "stream": False},
                  sampling={"reasoning": False, "top_k": 20, "seed": 7, "stop": ["END"],
-                           "extra": {"repetition_penalty": 1.05, "model": "hijack"}})
+                           "extra": {"repetition_penalty": 1.05}})
     req = next_request(glaive_conv, {}, "last")
     body = build_request(cfg, cfg.datasets[0], req)
-    for key in ("provider", "usage", "reasoning", "stream_options"):
+    for key in ("provider", "usage", "reasoning", "stream_options", "transforms"):
         assert key not in body
     assert body["chat_template_kwargs"] == {"thinking": False, "enable_thinking": False}
     assert body["return_token_ids"] is True and body["stream"] is False

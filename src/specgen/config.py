@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
+import re
 import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -66,6 +69,11 @@ class EndpointConfig:
     # chat_template_kwargs), or "auto": openrouter when the server lists endpoints (OpenRouter,
     # the simulator), else by the base URL (see specgen.request.dialect).
     dialect: Literal["auto", "openrouter", "openai"] = "auto"
+    # Model slugs accepted in answers besides target.model and its dated slugs
+    # (e.g. "moonshotai/kimi-k2.5-20260127"); any other model in an answer is rejected.
+    accept_models: list[str] = field(default_factory=list)
+    # While the endpoint is unreachable: the longest wait between probes, seconds.
+    outage_probe_max: float = 30.0
 
     @property
     def is_sim(self) -> bool:
@@ -99,6 +107,9 @@ class BudgetConfig:
     # USD per million tokens; override (or stand in for) the prices the endpoint list gives.
     prompt_price_per_m: float | None = None
     completion_price_per_m: float | None = None
+    # On a 402 weight_exceeds_budget (the request's worst case does not fit the key's credit),
+    # retry with a max_tokens that fits instead of ending the task.
+    shrink_max_tokens: bool = False
 
 
 @dataclass
@@ -133,6 +144,10 @@ class EngineConfig:
     log_interval: float = 10.0  # seconds between plain progress lines (no TTY / log file)
     drain_timeout: float = 60.0  # on a first stop: wait this long for in-flight requests
     commit_thread: bool = True  # commit in a worker thread (the loop keeps serving sockets)
+    outage_timeout: float = 1800.0  # seconds the endpoint may stay unreachable before stopping
+    retry_after_cap: float = 300.0  # a Retry-After above this pauses the whole endpoint
+    store_error_timeout: float = 600.0  # seconds answers are held while commits fail
+    ballast_mb: float = 64.0  # MB reserved in the run dir at start, freed when the disk fills
 
 
 @dataclass
@@ -233,9 +248,56 @@ def load_config(path: str | os.PathLike[str]) -> RunConfig:
     return parse_config(read_toml(path), path)
 
 
+EMPTY_PROBE_BYTES = 64 * 1024  # how much of a JSONL file empty_datasets() reads at most
+
+
+def empty_datasets(cfg: RunConfig) -> list[DatasetConfig]:
+    """The datasets whose file is empty: size 0, or a JSONL file (`.jsonl`/`.ndjson`, also
+    gzipped) whose lines are all blank. Cheap: looks at the file size and at most the first
+    EMPTY_PROBE_BYTES of a JSONL file; folders, Parquet and other files are never reported
+    (unless of size 0). An empty dataset is not an error: the run warns and goes on."""
+    out = []
+    for ds in cfg.datasets:
+        try:
+            if _file_is_empty(Path(ds.path)):
+                out.append(ds)
+        except OSError:
+            continue  # unreadable: the dataset reader reports it with its own error
+    return out
+
+
+def _file_is_empty(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    size = path.stat().st_size
+    if size == 0:
+        return True
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".ndjson")):
+        if size > EMPTY_PROBE_BYTES:
+            return False
+        with open(path, "rb") as f:
+            head = f.read(EMPTY_PROBE_BYTES)
+    elif name.endswith((".jsonl.gz", ".ndjson.gz")):
+        import gzip
+        import zlib
+
+        try:
+            with gzip.open(path, "rb") as f:
+                head = f.read(EMPTY_PROBE_BYTES + 1)
+        except (EOFError, zlib.error, gzip.BadGzipFile):
+            return False  # a broken archive is the reader's error to report
+        if len(head) > EMPTY_PROBE_BYTES:
+            return False
+    else:
+        return False
+    return not head.removeprefix(b"\xef\xbb\xbf").strip()
+
+
 def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     base = path.parent
     where = str(path)
+    _check_finite(raw, "", where)
     raw = dict(raw)
     datasets_raw = raw.pop("dataset", None)
     if not datasets_raw:
@@ -274,6 +336,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     )
     _validate_target(cfg, base, where)
     _validate_endpoint(cfg.endpoint, where)
+    _validate_sampling(cfg.sampling, where)
     _validate_numbers(cfg, where)
     if cfg.sim.config is not None:
         cfg.sim.config = _resolve(base, cfg.sim.config)
@@ -342,23 +405,161 @@ def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
         raise ConfigError(f"{where}: endpoint.base_url must not be empty")
     if "sim" in ep.base_url and len(ep.base_url) > 1:
         raise ConfigError(f"{where}: endpoint.base_url \"sim\" cannot be combined with URLs")
-    for url in ep.base_url:
+    for i, url in enumerate(ep.base_url):
+        key = "endpoint.base_url" if len(ep.base_url) == 1 else f"endpoint.base_url[{i}]"
+        _check_url_secrets(url, key, ep.api_key_env, where)
         if url != "sim" and not url.startswith(("http://", "https://")):
             raise ConfigError(
-                f"{where}: endpoint.base_url {url!r} must start with http:// or https:// "
+                f"{where}: {key} {url!r} must start with http:// or https:// "
                 "(or be \"sim\")"
             )
     for name in ep.headers:
-        if name.lower() in SECRET_HEADERS:
+        low = name.lower()
+        if low in SECRET_HEADERS:
             raise ConfigError(
                 f"{where}: endpoint.headers.{name}: secrets do not belong in the config file "
                 "(it is copied into the run store); put the key in the environment variable "
                 "named by endpoint.api_key_env"
             )
+        if low.startswith(CACHE_HEADER_PREFIX):
+            raise ConfigError(
+                f"{where}: endpoint.headers.{name} turns on OpenRouter's response cache: "
+                "identical prompts would get a replayed (cached) answer instead of a new "
+                "sample from the model, so the training data would hold copies, not the "
+                "model's own samples; remove the header"
+            )
         if not isinstance(ep.headers[name], str):
             raise ConfigError(f"{where}: endpoint.headers.{name} must be a string")
+    for i, slug in enumerate(ep.accept_models):
+        if not slug.strip():
+            raise ConfigError(f"{where}: endpoint.accept_models[{i}] must not be empty")
     if ep.api_key_env is not None and not ep.api_key_env.strip():
         ep.api_key_env = None  # "" = send no key (local servers)
+    elif ep.api_key_env is not None and not ENV_NAME.fullmatch(ep.api_key_env.strip()):
+        raise ConfigError(  # the value is not shown: it may be the key itself
+            f"{where}: endpoint.api_key_env must be the NAME of an environment variable "
+            "(letters, digits, _), e.g. \"OPENROUTER_API_KEY\", not the key itself; export "
+            "the key in that variable"
+        )
+
+
+# A query or fragment parameter with one of these names (or ending like one) holds a secret.
+SECRET_PARAMS = {
+    "key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "auth_token",
+    "secret", "client_secret", "password", "passwd", "pwd", "sig", "signature", "bearer",
+}
+SECRET_PARAM_ENDINGS = ("_key", "-key", "apikey", "token", "secret", "password")
+CACHE_HEADER_PREFIX = "x-openrouter-cache"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _secret_param(name: str) -> bool:
+    n = name.strip().lower()
+    return n in SECRET_PARAMS or n.endswith(SECRET_PARAM_ENDINGS)
+
+
+def _redact_params(text: str) -> tuple[str, bool]:
+    """`a=1&key=s3cret` -> (`a=1&key=***`, True): the values of secret-like parameters hidden."""
+    parts, found = [], False
+    for part in text.split("&"):
+        name, eq, _value = part.partition("=")
+        if _secret_param(name):
+            found = True
+            part = f"{name}{eq}***"
+        parts.append(part)
+    return "&".join(parts), found
+
+
+def redact_url(url: str) -> tuple[str, bool]:
+    """The URL with any userinfo and secret-like query/fragment values replaced by `***`, and
+    whether there was any. Never raises (a URL that cannot be parsed is hidden entirely)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***", "@" in url or "=" in url
+    found = False
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+        found = True
+    query, q_found = _redact_params(parts.query) if parts.query else ("", False)
+    fragment, f_found = _redact_params(parts.fragment) if parts.fragment else ("", False)
+    found = found or q_found or f_found
+    if not found:
+        return url, False
+    out = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else f"{netloc}{parts.path}"
+    if parts.query:
+        out += "?" + query
+    if parts.fragment:
+        out += "#" + fragment
+    return out, True
+
+
+def _check_url_secrets(url: str, key: str, api_key_env: str | None, where: str) -> None:
+    shown, secret = redact_url(url)
+    if not secret:
+        return
+    env = api_key_env.strip() if api_key_env else ""
+    named = f" ({env})" if ENV_NAME.fullmatch(env) else ""  # never echo a pasted key
+    raise ConfigError(
+        f"{where}: {key} {shown!r} carries credentials (a user:password@ part or a key-like "
+        "query parameter); secrets do not belong in the config file (it is copied into the "
+        "run store and its errors into logs): remove them from the URL and put the key in "
+        f"the environment variable named by endpoint.api_key_env{named}"
+    )
+
+
+# [sampling] extra: keys that can never be overridden, and why each other refused key is
+# refused (they would make the answers something other than this model's own samples).
+PROTECTED_EXTRA = ("model", "messages", "tools")
+
+
+def _validate_sampling(s: SamplingConfig, where: str) -> None:
+    extra = s.extra
+    for key in PROTECTED_EXTRA:
+        if key in extra:
+            what = {"model": "target.model", "messages": "the dataset's conversation",
+                    "tools": "the dataset's tools"}[key]
+            raise ConfigError(
+                f"{where}: sampling.extra.{key} cannot be set: the request's {key!r} is "
+                f"always {what} (remove it from [sampling] extra)"
+            )
+    if "models" in extra:
+        raise ConfigError(
+            f"{where}: sampling.extra.models turns on OpenRouter's fallback to other models: "
+            "answers from another model would be stored as target.model's samples; remove "
+            "it (provider fallback within the model is [endpoint.provider] allow_fallbacks; "
+            "extra model slugs to accept are endpoint.accept_models)"
+        )
+    transforms = extra.get("transforms")
+    if transforms is not None and transforms != []:
+        raise ConfigError(
+            f"{where}: sampling.extra.transforms = {transforms!r}: OpenRouter's transforms "
+            "(e.g. \"middle-out\") compress the prompt, so the model would answer a prompt "
+            "other than the one rendered into the training ids; remove it (or set it to [])"
+        )
+    plugins = extra.get("plugins")
+    if isinstance(plugins, list):
+        for i, plugin in enumerate(plugins):
+            if isinstance(plugin, dict) and str(plugin.get("id", "")).lower() == "context-compression":
+                raise ConfigError(
+                    f"{where}: sampling.extra.plugins[{i}] is OpenRouter's "
+                    "\"context-compression\" plugin: it shortens the prompt, so the model would "
+                    "answer a prompt other than the one rendered into the training ids; remove it"
+                )
+
+
+def _check_finite(value: Any, key: str, where: str) -> None:
+    """NaN and +-inf are valid TOML but never a valid setting: refuse them at any depth."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{key}.{k}" if key else str(k), where)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{key}[{i}]", where)
 
 
 def _validate_numbers(cfg: RunConfig, where: str) -> None:
@@ -384,9 +585,16 @@ def _validate_numbers(cfg: RunConfig, where: str) -> None:
     for key in ("connect_timeout", "first_byte_timeout", "idle_timeout", "total_timeout"):
         if not getattr(ep, key) > 0:
             raise ConfigError(f"{where}: endpoint.{key} must be > 0 seconds")
-    for key in ("commit_interval", "heartbeat_interval", "log_interval"):
+    for key in ("commit_interval", "heartbeat_interval", "log_interval", "outage_timeout",
+                "retry_after_cap", "store_error_timeout"):
         if not getattr(eng, key) > 0:
-            raise ConfigError(f"{where}: engine.{key} must be > 0 seconds")
+            raise ConfigError(f"{where}: engine.{key} must be > 0 seconds, got {getattr(eng, key)}")
+    if not ep.outage_probe_max > 0:
+        raise ConfigError(f"{where}: endpoint.outage_probe_max must be > 0 seconds, "
+                          f"got {ep.outage_probe_max}")
+    if not eng.ballast_mb >= 0:
+        raise ConfigError(f"{where}: engine.ballast_mb must be >= 0 (0 = none), "
+                          f"got {eng.ballast_mb}")
 
 
 def _looks_remote(spec: str) -> bool:

@@ -8,10 +8,16 @@ attempts, quarantined answers and events of every input are kept (an attempt of 
 copy is re-pointed to the kept copy's task for the same turn, or left out and counted when
 the kept copy has no such task). Export order depends only on dataset position, source row
 and turn, so the export of a merge of shards equals the export of one unsharded run.
+
+The merged run dir is built under a temporary name next to it (`.NAME.tmp-<pid>`) and renamed
+to its name only when the store is complete, closed and fsynced (into an existing empty
+folder, the finished store file is moved into it), so a killed or failed merge never leaves a
+run under the output name that status or export could take for the merge.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -21,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from .export.atomic import fsync_dir, fsync_file, remove, remove_stale, temp_path
 from .store import STORE_FILE, Store, StoreError
 
 STATUS_RANK = {"done": 0, "ended": 1, "active": 2, "pending": 3, "failed": 4}
@@ -78,20 +85,78 @@ def merge_runs(inputs: Sequence[str | Path], out: str | Path) -> MergeSummary:
             stores.append(s)
         metas = [s.meta() for s in stores]
         _check_compatible(ins, metas)
-        target = Store.create(out)
+        work = _work_dir(out)
         try:
-            summary = _merge(ins, stores, metas, target)
+            target = Store.create(work)
+            try:
+                summary = _merge(ins, stores, metas, target)
+                _close_for_publication(target, work)
+            except BaseException:
+                target.close()
+                raise
+            _publish(work, out)
         except BaseException:
-            target.close()
-            (out / STORE_FILE).unlink(missing_ok=True)
-            for suffix in ("-wal", "-shm"):
-                (out / (STORE_FILE + suffix)).unlink(missing_ok=True)
+            remove(work)
             raise
-        target.close()
         return summary
     finally:
         for s in stores:
             s.close()
+
+
+def _work_dir(out: Path) -> Path:
+    """Where the merged store is built: `.NAME.tmp-<pid>` next to `out` (renamed to `out` at the
+    end), or, when `out` is an existing folder, `out/.state.sqlite.tmp-<pid>/` (its store file
+    is moved into `out`). Leftovers of killed merges to the same place are removed first."""
+    out = Path(os.path.abspath(out))
+    if out.is_dir():
+        remove_stale(out, {STORE_FILE})
+        work = temp_path(out / STORE_FILE)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(out.parent, {out.name})
+        work = temp_path(out)
+    work.mkdir()
+    return work
+
+
+def _close_for_publication(target: Store, work: Path) -> None:
+    """Checkpoint the WAL into the database file, close it, fsync file and folder."""
+    target.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    target.close()
+    for suffix in ("-wal", "-shm"):
+        side = work / (STORE_FILE + suffix)
+        if side.exists():
+            if suffix == "-wal" and side.stat().st_size:
+                raise MergeError(f"{work}: the merged store's WAL could not be checkpointed")
+            side.unlink()
+    fsync_file(work / STORE_FILE)
+    fsync_dir(work)
+
+
+def _publish(work: Path, out: Path) -> None:
+    out = Path(os.path.abspath(out))
+    if work.parent == out:  # out is an existing folder: move the finished store into it
+        final = out / STORE_FILE
+        if final.exists():
+            raise MergeError(f"{out} already holds a run ({STORE_FILE}); merge writes a new "
+                             "run dir")
+        try:
+            os.link(work / STORE_FILE, final)  # never replaces a store that appeared meanwhile
+        except FileExistsError:
+            raise MergeError(f"{out} already holds a run ({STORE_FILE}); merge writes a new "
+                             "run dir") from None
+        except OSError:  # a filesystem without hard links
+            os.rename(work / STORE_FILE, final)
+        fsync_dir(out)
+        remove(work)
+        return
+    try:
+        os.rename(work, out)  # replaces nothing but an empty folder
+    except OSError as exc:
+        raise MergeError(f"{out} appeared while the merge was written ({exc.strerror}); "
+                         "nothing was replaced") from None
+    fsync_dir(out.parent)
 
 
 def _check_compatible(ins: list[Path], metas: list[dict[str, str]]) -> None:
@@ -129,7 +194,10 @@ def _merge(ins: list[Path], stores: list[Store], metas: list[dict[str, str]],
                            f"VALUES({', '.join('?' * len(cols))})", rows)
         tc.execute("COMMIT")
     except BaseException:
-        tc.execute("ROLLBACK")
+        try:
+            tc.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite already rolled back (e.g. disk full): keep the original error
         raise
     for p, s, m in zip(ins, stores, metas, strict=True):
         summary.inputs.append({"run_dir": str(p), "shard": m.get("shard") or "",

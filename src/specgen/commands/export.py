@@ -31,9 +31,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sqlite3
     from pathlib import Path
 
     from ..export import ExportError, ExportOptions, export_run
+    from ..export.atomic import describe_os_error
     from ..store import StoreError
 
     opts = ExportOptions(
@@ -45,6 +47,14 @@ def run(args: argparse.Namespace) -> int:
     except (ExportError, StoreError) as exc:
         print(f"specgen export: {exc}", file=sys.stderr)
         return 2
+    except (OSError, sqlite3.Error) as exc:  # disk full, no permission, ...
+        what = str(opts.out or f"the export of {args.run_dir}")
+        reason = (describe_os_error(exc, what) if isinstance(exc, OSError)
+                  else f"{what} failed: SQLite: {exc} (reading the store, or SQLite's "
+                       "temporary files: is a disk full?)")
+        print(f"specgen export: {reason}; the export's temporary files were removed (an "
+              "earlier export there is left as it was)", file=sys.stderr)
+        return 1
     t = manifest["totals"]
     out = Path(manifest["options"]["out"])
     for f in manifest["files"]:

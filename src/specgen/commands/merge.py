@@ -19,8 +19,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sqlite3
+
     import orjson
 
+    from ..export.atomic import describe_os_error
     from ..merge import MergeError, merge_runs
     from ..store import StoreError
 
@@ -29,6 +32,12 @@ def run(args: argparse.Namespace) -> int:
     except (MergeError, StoreError) as exc:
         print(f"specgen merge: {exc}", file=sys.stderr)
         return 2
+    except (OSError, sqlite3.Error) as exc:  # disk full, no permission, ...
+        reason = (describe_os_error(exc, args.output) if isinstance(exc, OSError)
+                  else f"the merge into {args.output} failed: SQLite: {exc}")
+        print(f"specgen merge: {reason}; the partly built merge was removed and nothing was "
+              f"written under {args.output}", file=sys.stderr)
+        return 1
     if args.json:
         sys.stdout.write(orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0

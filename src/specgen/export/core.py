@@ -1,7 +1,14 @@
-"""`specgen export`: stream a run's samples from the store into training files + a manifest."""
+"""`specgen export`: stream a run's samples from the store into training files + a manifest.
+
+Nothing appears under a final name before the whole export is complete: every file is written
+under a temporary name next to it and renamed at the end (data files first, the manifest
+last; see `Staging`), so a killed or failed export leaves no file that looks complete and
+keeps the previous export whole until the new one replaces it.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -10,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store import ResultRow, Store
+from .atomic import fsync_dir, remove, remove_stale, temp_path, write_temp
 from .conversations import (
     group_by_conversation,
     openai_row,
@@ -90,6 +98,8 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
     if not opts.split_by_dataset and out.is_dir():
         raise ExportError(f"{out} is a directory; give a file name (or use --split-by-dataset)")
 
+    import orjson
+
     with read_snapshot(run_dir) as store:
         names = store.dataset_names()
         unknown = [d for d in opts.datasets if d not in names]
@@ -99,20 +109,102 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
                 f"(datasets: {', '.join(names) or 'none'})")
         selected = [d for d in names if not opts.datasets or d in opts.datasets]
         meta = store.meta()
-        totals, files = _write(store, selected, out, opts, meta)
-
-    manifest = build_manifest(run_dir, meta, opts, out, selected, totals, files)
-    import orjson
-
-    mpath = manifest_path(out, opts.split_by_dataset)
-    mpath.parent.mkdir(parents=True, exist_ok=True)
-    mpath.write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
-    manifest["manifest_path"] = str(mpath)
+        stage = Staging(out, opts.split_by_dataset)
+        try:
+            totals, files = _write(store, selected, stage, opts, meta)
+            manifest = build_manifest(run_dir, meta, opts, out, selected, totals, files)
+            stage.stage_manifest(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
+            stage.publish()
+        except BaseException:
+            stage.abort()
+            raise
+    manifest["manifest_path"] = str(stage.manifest)
     return manifest
 
 
-def _write(store: Store, selected: list[str], out: Path, opts: ExportOptions,
+class Staging:
+    """Where an export's files are built, and their publication under the final names.
+
+    * `--split-by-dataset` to a directory that does not exist yet: the whole directory is built
+      as `.DIR.tmp-<pid>` (files under their final names inside it) and renamed at the end.
+    * otherwise each file `NAME` is built as `.NAME.tmp-<pid>` in its final directory; at the
+      end the old manifest is removed, the data files replace theirs (`os.replace`) and the new
+      manifest goes last. A data file without its manifest is thus an interrupted publication,
+      and a manifest always describes the files next to it.
+
+    Temporary names left by killed exports (their pid no longer running) are removed first.
+    """
+
+    def __init__(self, out: Path, split: bool):
+        self.out = out
+        self.manifest = manifest_path(out, split)
+        self.files: list[tuple[Path, Path]] = []  # (temporary, final) data files
+        self.manifest_temp: Path | None = None
+        self.dir_temp: Path | None = None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if split and not out.exists():
+            remove_stale(out.parent, {out.name})
+            self.dir_temp = temp_path(out)
+            self.dir_temp.mkdir()
+        elif split:
+            remove_stale(out)  # the export's own directory: any leftover of ours goes
+        else:
+            remove_stale(out.parent, {out.name, self.manifest.name})
+            for legacy in (out, self.manifest):  # NAME.partial of older specgen versions
+                legacy.with_name(legacy.name + ".partial").unlink(missing_ok=True)
+
+    def temp_for(self, final: Path) -> Path:
+        """The path to write `final`'s content to (registered for publication)."""
+        tmp = self.dir_temp / final.name if self.dir_temp is not None else temp_path(final)
+        self.files.append((tmp, final))
+        return tmp
+
+    def stage_manifest(self, data: bytes) -> None:
+        if self.dir_temp is not None:  # inside the temporary directory: its final name
+            tmp = self.dir_temp / self.manifest.name
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            self.manifest_temp = tmp
+        else:
+            self.manifest_temp = write_temp(self.manifest, data)
+
+    def publish(self) -> None:
+        if self.dir_temp is not None:
+            fsync_dir(self.dir_temp)
+            try:
+                os.rename(self.dir_temp, self.out)
+            except OSError as exc:
+                raise ExportError(f"{self.out}: appeared while the export was written "
+                                  f"({exc.strerror}); nothing was replaced") from None
+            self.dir_temp = None
+            fsync_dir(self.out.parent)
+            return
+        assert self.manifest_temp is not None
+        self.manifest.unlink(missing_ok=True)  # the old manifest would describe old files
+        for tmp, final in self.files:
+            os.replace(tmp, final)
+        fsync_dir(self.manifest.parent)
+        os.replace(self.manifest_temp, self.manifest)
+        fsync_dir(self.manifest.parent)
+        self.files, self.manifest_temp = [], None
+
+    def abort(self) -> None:
+        """Remove whatever was built (a no-op after `publish`)."""
+        if self.dir_temp is not None:
+            remove(self.dir_temp)
+            self.dir_temp = None
+        for tmp, _ in self.files:
+            remove(tmp)
+        if self.manifest_temp is not None:
+            remove(self.manifest_temp)
+        self.files, self.manifest_temp = [], None
+
+
+def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOptions,
            meta: dict[str, str]) -> tuple[dict[str, DatasetTotals], list[dict[str, Any]]]:
+    out = stage.out
     totals = {d: DatasetTotals() for d in selected}
     writers: dict[str, Writer] = {}
     files: list[dict[str, Any]] = []
@@ -130,7 +222,7 @@ def _write(store: Store, selected: list[str], out: Path, opts: ExportOptions,
                 path = out / fname
             else:
                 path = out
-            writers[key] = _open_writer(path, opts, meta)
+            writers[key] = _open_writer(path, stage.temp_for(path), opts, meta)
         return writers[key]
 
     if not opts.split_by_dataset:
@@ -181,15 +273,15 @@ def _checked(rows):
         yield row
 
 
-def _open_writer(path: Path, opts: ExportOptions, meta: dict[str, str]) -> Writer:
+def _open_writer(path: Path, temp: Path, opts: ExportOptions, meta: dict[str, str]) -> Writer:
     if opts.format == "tokens" and not opts.jsonl:
-        return ParquetWriter(path, parquet_schema(merged=opts.merge_prefix), metadata={
+        return ParquetWriter(path, parquet_schema(merged=opts.merge_prefix), temp=temp, metadata={
             "specgen.config_hash": meta.get("config_hash", ""),
             "specgen.tokenizer_fingerprint": meta.get("tokenizer_fingerprint", ""),
             "specgen.renderer": meta.get("renderer", ""),
             "specgen.model": meta.get("model", ""),
         })
-    return JsonlWriter(path)
+    return JsonlWriter(path, temp)
 
 
 def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out: Path,

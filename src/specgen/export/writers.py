@@ -1,8 +1,9 @@
-"""Streaming file writers (JSONL, Parquet in row groups) that publish atomically.
+"""Streaming file writers (JSONL, Parquet in row groups) that write under a temporary name.
 
-Each writer writes to `NAME.partial` and renames it on `close()`, so an interrupted export
-never leaves a file that looks complete. Memory stays flat: JSONL writes line by line,
-Parquet buffers one row group.
+Each writer writes to a temporary path (`.NAME.tmp-<pid>`, see specgen.export.atomic) and
+`close()` fsyncs it; the export renames it to its final name only once every file of the
+export is complete, so an interrupted export never leaves a file that looks complete. Memory
+stays flat: JSONL writes line by line, Parquet buffers one row group.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ from typing import Any
 
 import orjson
 
+from .atomic import fsync_file, remove, temp_path
+
 ROW_GROUP_ROWS = 1024
 ROW_GROUP_TOKENS = 4_000_000  # flush a row group early when its samples are long
 
 
 class Writer:
-    """Base: counts rows; `close()` publishes the file and returns its manifest entry."""
+    """Base: counts rows; `close()` completes and fsyncs the temporary file and returns its
+    manifest entry (the caller publishes it under `path`); `abort()` removes it."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.partial = path.with_name(path.name + ".partial")
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, temp: Path | None = None):
+        self.path = path  # the final name
+        self.temp = temp if temp is not None else temp_path(path)
+        self.temp.parent.mkdir(parents=True, exist_ok=True)
         self.rows = 0
 
     def write(self, row: dict[str, Any]) -> None:
@@ -37,22 +41,22 @@ class Writer:
 
     def close(self) -> dict[str, Any]:
         self._finish()
-        os.replace(self.partial, self.path)
-        return {"path": self.path.name, "rows": self.rows, "bytes": self.path.stat().st_size,
-                "sha256": file_sha256(self.path)}
+        fsync_file(self.temp)
+        return {"path": self.path.name, "rows": self.rows, "bytes": os.stat(self.temp).st_size,
+                "sha256": file_sha256(self.temp)}
 
     def abort(self) -> None:
         try:
             self._finish()
-        except Exception:  # noqa: BLE001 - best effort before removing the partial file
+        except Exception:  # noqa: BLE001 - best effort before removing the temporary file
             pass
-        self.partial.unlink(missing_ok=True)
+        remove(self.temp)
 
 
 class JsonlWriter(Writer):
-    def __init__(self, path: Path):
-        super().__init__(path)
-        self._f = open(self.partial, "wb")
+    def __init__(self, path: Path, temp: Path | None = None):
+        super().__init__(path, temp)
+        self._f = open(self.temp, "wb")
 
     def write(self, row: dict[str, Any]) -> None:
         self._f.write(orjson.dumps(row))
@@ -75,11 +79,12 @@ class ParquetWriter(Writer):
     and handed to Arrow as buffers, so a row group costs about its size in bytes.
     """
 
-    def __init__(self, path: Path, schema, *, metadata: dict[str, str] | None = None):
+    def __init__(self, path: Path, schema, *, metadata: dict[str, str] | None = None,
+                 temp: Path | None = None):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        super().__init__(path)
+        super().__init__(path, temp)
         if metadata:
             schema = schema.with_metadata(metadata)
         self.schema = schema
@@ -91,7 +96,7 @@ class ParquetWriter(Writer):
                     self._packed[f.name] = code
         # dictionaries help the repetitive string columns only, never the id lists
         strings = [f.name for f in schema if pa.types.is_string(f.type)]
-        self._w = pq.ParquetWriter(self.partial, schema, compression="zstd",
+        self._w = pq.ParquetWriter(str(self.temp), schema, compression="zstd",
                                    use_dictionary=strings)
         self._reset()
         self._closed = False
