@@ -462,7 +462,7 @@ async def test_connection_reset_mid_body_non_stream():
 async def test_connection_refused_and_closed_before_answer():
     async with ChatClient(f"http://127.0.0.1:{free_port()}/v1") as client:
         e = await fail(client)
-    assert e.kind == "connection" and "before a response" in e.message
+    assert e.kind == "unreachable" and "before a response" in e.message
 
     async def close_at_once(reader, writer):
         await reader.read(10)
@@ -473,7 +473,7 @@ async def test_connection_refused_and_closed_before_answer():
     async with ChatClient(f"http://127.0.0.1:{port}/v1") as client:
         e = await fail(client)
     server.close()
-    assert e.kind == "connection"
+    assert e.kind == "unreachable"  # closed before any response: the path, not the request
 
 
 @async_test
@@ -549,7 +549,7 @@ async def test_connect_timeout():
         for f in fillers:
             f.close()
         listener.close()
-    assert e.kind == "timeout" and e.timeout_phase == "connect" and "connect" in e.message
+    assert e.kind == "unreachable" and e.timeout_phase == "connect" and "connect" in e.message
 
 
 @async_test
@@ -622,7 +622,7 @@ async def test_a_down_server_is_cooled_down_and_others_take_the_load(caplog):
                     await client.chat(BODY)
                     ok += 1
                 except ApiError as e:
-                    assert e.kind == "connection" and e.base_url == down
+                    assert e.kind == "unreachable" and e.base_url == down
                     failed += 1
             stats = {s["url"]: s for s in client.endpoint_stats()}
     assert failed == 2  # two refusals, then no more traffic to it
@@ -728,7 +728,7 @@ async def test_api_key_never_appears_in_errors_responses_or_logs(monkeypatch, ca
     kinds = {e.kind for e in errors}
     assert kinds >= {"bad_request", "auth", "credits", "moderation", "no_endpoints", "timeout",
                      "rate_limit", "server", "overloaded", "error_in_body", "stream_error",
-                     "invalid_response", "connection"}
+                     "invalid_response", "unreachable"}
     for e in errors:
         assert e.__context__ is None and e.__cause__ is None  # no aiohttp request info kept
         texts += [str(e), repr(e), e.message, orjson.dumps(e.body, default=str).decode(),

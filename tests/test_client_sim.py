@@ -177,7 +177,7 @@ def test_a_dead_url_next_to_the_sim(sim):
                     await c.chat(body("clean", True, ok))
                     ok += 1
                 except ApiError as e:
-                    assert e.kind == "connection"
+                    assert e.kind == "unreachable"
                     errors += 1
             return errors, c.endpoint_stats()
     errors, stats = asyncio.run(go())

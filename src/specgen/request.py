@@ -3,8 +3,9 @@
 Two dialects, chosen by `endpoint.dialect`, or (`auto`) from the base URL:
 
 * `openrouter` (OpenRouter and the built-in simulator, `base_url = "sim"`): `reasoning` object,
-  `provider` routing object, `usage: {"include": true}`; history assistant turns carry their
-  reasoning in both `reasoning_content` and `reasoning`.
+  `provider` routing object, `usage: {"include": true}`, `transforms: []` (context compression
+  off); history assistant turns carry their reasoning in both `reasoning_content` and
+  `reasoning`. A `models` fallback list is never sent.
 * `openai` (anything else: vLLM, SGLang, other OpenAI-compatible servers): no OpenRouter-only
   fields; thinking on/off becomes `chat_template_kwargs: {"thinking": x, "enable_thinking": x}`
   (Kimi templates read `thinking`, Qwen-style ones `enable_thinking`); history reasoning goes
@@ -67,6 +68,7 @@ def build_request(
         if cfg.endpoint.provider:
             body["provider"] = cfg.endpoint.provider
         body["usage"] = {"include": True}
+        body["transforms"] = []  # no context compression: the prompt must reach the model whole
     else:
         body["chat_template_kwargs"] = {"thinking": s.thinking, "enable_thinking": s.thinking}
     body["stream"] = bool(cfg.endpoint.stream)
@@ -77,6 +79,7 @@ def build_request(
     for key, value in (s.extra or {}).items():
         if key not in PROTECTED:
             body[key] = value
+    body.pop("models", None)  # never a fallback to other models (the config refuses it too)
     return body
 
 

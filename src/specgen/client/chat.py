@@ -295,7 +295,7 @@ class ChatClient:
             except aiohttp.ConnectionTimeoutError:
                 healthy = False
                 raise ApiError(
-                    "timeout",
+                    "unreachable",
                     f"connect timeout: no connection within {self.connect_timeout:g} s",
                     timeout_phase="connect",
                 ) from None
@@ -308,10 +308,12 @@ class ChatClient:
                 if parser is not None and parser.failed:
                     raise parser.failure() from None
                 healthy = False
-                where = ("while reading the response body" if first_byte_at is not None
-                         else "before a response")
+                # No response at all says nothing about the request: the path to the API is
+                # down (DNS, refused, TLS, a reset before the status line).
+                responded = first_byte_at is not None
+                where = "while reading the response body" if responded else "before a response"
                 raise ApiError(
-                    "connection",
+                    "connection" if responded else "unreachable",
                     f"{type(exc).__name__} {where}: {snippet(str(exc), 200)}",
                     usage=parser.usage if parser is not None else None,
                 ) from None

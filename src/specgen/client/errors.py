@@ -45,6 +45,44 @@ def classify_status(status: int) -> ErrorClass:
     return "bad_request"  # other 4xx and unexpected 1xx/3xx: sending it again will not help
 
 
+# OpenRouter's budget refusals, told apart by the body (never by the status alone).
+IN_FLIGHT_REASON = "in_flight_budget_exhausted"
+IN_FLIGHT_SOURCE = "openrouter_in_flight_budget"
+WEIGHT_REASON = "weight_exceeds_budget"
+
+
+def classify_error(status: int, err: Any) -> ErrorClass:
+    """Error class of a non-2xx response from what its `error` object means: a 402 is the
+    in-flight budget (retry), one request too heavy for it (fix the request) or credits (stop);
+    a 403 with `metadata.limit_source` is a spent budget (stop), without it moderation."""
+    kind = classify_status(status)
+    if status not in (402, 403) or not isinstance(err, dict):
+        return kind
+    meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
+    source = meta.get("limit_source")
+    words = {str(v) for v in (meta.get("reason"), err.get("reason"), err.get("type"),
+                              err.get("code"), source) if v is not None}
+    if status == 402:
+        message = str(err.get("message") or "")
+        if IN_FLIGHT_REASON in words or IN_FLIGHT_SOURCE in words or IN_FLIGHT_REASON in message:
+            return "in_flight_budget"
+        if WEIGHT_REASON in words or WEIGHT_REASON in message:
+            return "weight_exceeds_budget"
+        return "credits"
+    if isinstance(source, str) and source:
+        return "spend_limit"
+    return kind
+
+
+def _metadata_wait(err: Any) -> float | None:
+    """`error.metadata.retry_after_seconds` (429 bodies), when it is a sane number."""
+    meta = err.get("metadata") if isinstance(err, dict) else None
+    value = meta.get("retry_after_seconds") if isinstance(meta, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e9:
+        return float(value)
+    return None
+
+
 def snippet(data: bytes | str, limit: int = MAX_TEXT) -> str:
     """A short printable excerpt of server-provided bytes or text."""
     if isinstance(data, bytes):
@@ -80,6 +118,9 @@ def describe_error(err: Any) -> tuple[str, str | None]:
         reasons = meta.get("reasons")
         if isinstance(reasons, list) and reasons:
             parts.append("reasons: " + snippet(", ".join(map(str, reasons)), 120))
+        for key in ("limit_source", "reason", "scope", "limit_usd", "spend_usd", "resets_at"):
+            if isinstance(meta.get(key), str | int | float) and meta.get(key) != "":
+                parts.append(f"{key}={snippet(str(meta[key]), 60)}")
     avail = err.get("availability")
     if not isinstance(avail, dict) and isinstance(meta, dict):
         avail = meta.get("availability")
@@ -92,7 +133,6 @@ def error_from_response(
     status: int, headers: Mapping[str, str], body: bytes, *, truncated: bool = False
 ) -> ApiError:
     """The ApiError for a non-2xx response with (the first part of) its body."""
-    kind = classify_status(status)
     retry_after = retry_after_from_headers(headers)
     parsed: Any = None
     if not truncated:
@@ -113,6 +153,9 @@ def error_from_response(
     else:
         message = snippet(body) if body else "empty body"
         err_obj = message
+    kind = classify_error(status, err_obj)
+    if retry_after is None:
+        retry_after = _metadata_wait(err_obj)
     if provider is None and isinstance(parsed, dict) and isinstance(parsed.get("provider"), str):
         provider = parsed["provider"]
     if status in (301, 302, 303, 307, 308):

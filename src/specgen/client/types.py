@@ -63,27 +63,34 @@ class ChatResponse:
 ErrorClass = Literal[
     # retryable
     "rate_limit",  # 429
+    "in_flight_budget",  # 402 in_flight_budget_exhausted: the account's running requests
     "overloaded",  # 503 / 529
     "server",  # other 5xx
-    "timeout",  # 408, connect/first-byte/idle/total timeouts
-    "connection",  # reset, refused, EOF mid-body
+    "timeout",  # 408, first-byte/idle/total timeouts
+    "unreachable",  # no response at all: DNS, refused, TLS, connect timeout, reset before it
+    "connection",  # the connection broke after the response began (EOF / reset mid-body)
     "error_in_body",  # HTTP 200 with an error object or choices[0].error
     "stream_error",  # a mid-stream error chunk
     "invalid_response",  # malformed JSON / missing fields
     # fatal for the request
     "bad_request",  # 400
-    "moderation",  # 403
+    "moderation",  # 403 (no limit_source)
+    "weight_exceeds_budget",  # 402: this one request's estimate exceeds the whole budget
     # fatal for the run
     "auth",  # 401
-    "credits",  # 402
+    "credits",  # 402 out of credits / key limit
+    "spend_limit",  # 403 with limit_source: a guardrail, workspace or key budget is spent
     "no_endpoints",  # 404 with availability
 ]
 
 RETRYABLE: frozenset[str] = frozenset(
-    {"rate_limit", "overloaded", "server", "timeout", "connection", "error_in_body",
-     "stream_error", "invalid_response"}
+    {"rate_limit", "in_flight_budget", "overloaded", "server", "timeout", "unreachable",
+     "connection", "error_in_body", "stream_error", "invalid_response"}
 )
-FATAL_FOR_RUN: frozenset[str] = frozenset({"auth", "credits", "no_endpoints"})
+FATAL_FOR_RUN: frozenset[str] = frozenset({"auth", "credits", "spend_limit", "no_endpoints"})
+# Run-fatal classes that are an account's budget, not a fault: the run stops cleanly
+# (state stopped, resumable) rather than failing.
+ACCOUNT_LIMITS: frozenset[str] = frozenset({"credits", "spend_limit"})
 
 
 class ApiError(Exception):
@@ -144,6 +151,19 @@ class ApiError(Exception):
                 if isinstance(value, dict):
                     return value
         return None
+
+    @property
+    def limit_source(self) -> str | None:
+        """OpenRouter's `metadata.limit_source` (which budget refused: in-flight, credits,
+        key limit, guardrail, workspace)."""
+        value = self.metadata.get("limit_source")
+        return value if isinstance(value, str) else None
+
+    @property
+    def resets_at(self) -> str | None:
+        """When a spent budget resets (`metadata.resets_at`), as the server wrote it."""
+        value = self.metadata.get("resets_at")
+        return str(value) if isinstance(value, str | int | float) else None
 
     @property
     def reasons(self) -> list[Any] | None:
