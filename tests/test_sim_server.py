@@ -414,7 +414,8 @@ def test_quirks_in_a_stream(lab, tok):
 
 # -- faults ----------------------------------------------------------------------------------
 def _shape(err: dict) -> str:
-    meta = err["metadata"]
+    # a 429 also says how long to wait (metadata.retry_after_seconds), in either shape
+    meta = {k: v for k, v in err["metadata"].items() if k != "retry_after_seconds"}
     if set(meta) == {"provider_name", "raw"}:
         return "provider_raw"
     assert set(meta) == {"error_type", "provider_code"}, meta

@@ -20,6 +20,11 @@ model directory) and ``renderer`` (a renderer name) override the config, so the 
 use exactly the run's target; ``models`` (slugs) overrides the served models. Inside a running
 event loop use ``await start(...)`` (same arguments), which returns a `SimServer` with
 ``.url`` and ``await .stop()``.
+
+Outage windows (``[[outages]]`` in the config) run from the moment the server listens; the
+port, and so ``.url``, stays the same across them. ``handle.begin_outage("refuse" | "reset")``
+and ``handle.end_outage()`` (``server.begin_outage()`` / ``await server.end_outage()``) start
+and end one by hand.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .config import SimConfig, load_sim_config
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
     from .http import HttpServer
+    from .outages import Outages
     from .server import Simulator
 
 __all__ = ["SimConfig", "SimHandle", "SimServer", "load_sim_config", "start", "start_in_thread"]
@@ -50,7 +56,7 @@ def _config(config: SimConfig | str | Path | None, models: list[str] | None = No
         cfg = load_sim_config(config)
     if models:
         cfg = dataclasses.replace(cfg, models=list(models))
-        cfg.validate()
+    cfg.validate()  # also a SimConfig built in Python (idempotent)
     return cfg
 
 
@@ -62,6 +68,7 @@ class SimServer:
     http: HttpServer
     host: str
     port: int
+    outages: Outages | None = None
 
     @property
     def root_url(self) -> str:
@@ -74,10 +81,25 @@ class SimServer:
         return self.root_url + "/api/v1"
 
     def stats(self) -> dict[str, Any]:
-        return self.sim.stats.to_json()
+        """What GET /sim/stats answers."""
+        return self.sim.stats_json()
+
+    @property
+    def outage_active(self) -> bool:
+        return self.sim.outage_active
+
+    def begin_outage(self, mode: str = "refuse") -> None:
+        """Start an outage now (`refuse` or `reset`, as in `[[outages]]`) until `end_outage`."""
+        self.outages.begin(mode)
+
+    async def end_outage(self) -> None:
+        """End the outage in force; the server listens again on the same port."""
+        await self.outages.end()
 
     async def stop(self) -> None:
         """Stop listening, drop the open connections, cancel what they were waiting for."""
+        if self.outages is not None:
+            await self.outages.close()
         await self.http.close()
         await self.sim.close()
 
@@ -88,12 +110,16 @@ async def start(config: SimConfig | str | Path | None = None, *, seed: int | Non
                 models: list[str] | None = None) -> SimServer:
     """Start the simulator in the running event loop; port 0 picks a free port."""
     from .http import serve
+    from .outages import Outages
     from .server import Simulator
 
     sim = Simulator(_config(config, models), seed=seed, tokenizer=tokenizer, renderer=renderer)
-    sim.attach(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    sim.attach(loop)
     http = await serve(sim.handle, host, port)
-    return SimServer(sim=sim, http=http, host=host, port=http.port)
+    outages = Outages(http, sim)
+    outages.schedule(sim.cfg.outages, loop.time())  # timed from now: the server listens
+    return SimServer(sim=sim, http=http, host=host, port=http.port, outages=outages)
 
 
 @dataclass
@@ -118,10 +144,26 @@ class SimHandle:
         return self.server.sim
 
     def stats(self) -> dict[str, Any]:
+        """What GET /sim/stats answers (also during a `refuse` outage)."""
         async def read() -> dict[str, Any]:
             return self.server.stats()
 
         return asyncio.run_coroutine_threadsafe(read(), self.loop).result(timeout=30)
+
+    @property
+    def outage_active(self) -> bool:
+        return self.server.outage_active
+
+    def begin_outage(self, mode: str = "refuse") -> None:
+        """Start an outage now (`refuse` or `reset`) until `end_outage()`."""
+        async def begin() -> None:
+            self.server.begin_outage(mode)
+
+        asyncio.run_coroutine_threadsafe(begin(), self.loop).result(timeout=30)
+
+    def end_outage(self) -> None:
+        """End the outage in force; returns once the server listens again (same port)."""
+        asyncio.run_coroutine_threadsafe(self.server.end_outage(), self.loop).result(timeout=30)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server and its thread (idempotent)."""

@@ -17,6 +17,10 @@ from .routing import VARIANT_SORT, BadRequest, parse_preferences
 PARAMETER_NAMES = frozenset(DEFAULT_SUPPORTED_PARAMETERS) | {"max_completion_tokens"}
 _NUMERIC = frozenset({"temperature", "top_p", "top_k", "min_p", "frequency_penalty",
                       "presence_penalty", "repetition_penalty"})
+# OpenRouter-only fields the simulator accepts and ignores (type-checked): context compression
+# (`transforms`, `plugins`) and model fallback (`models`).
+_IGNORED_LISTS = frozenset({"transforms", "plugins", "models"})
+_CHECKED = _NUMERIC | _IGNORED_LISTS
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
@@ -130,9 +134,11 @@ class ChatParser:
             stop = [x for x in stop if x]
         else:
             raise BadRequest("stop: expected a string or an array of strings")
-        for key in _NUMERIC.intersection(body):
+        for key in _CHECKED.intersection(body):
             value = body[key]
-            if value is not None and type(value) is not int and type(value) is not float:
+            if key in _IGNORED_LISTS:
+                _check_ignored_list(key, value)
+            elif value is not None and type(value) is not int and type(value) is not float:
                 raise BadRequest(f"{key}: expected a number")
         seed = get("seed")
         if seed is not None and type(seed) is not int:
@@ -153,6 +159,21 @@ class ChatParser:
 
 
 _NO_PARAMS: frozenset[str] = frozenset()
+_ITEM_TYPES = {"transforms": (str, "strings"), "plugins": (dict, "objects"),
+               "models": (str, "strings")}
+
+
+def _check_ignored_list(key: str, value: Any) -> None:
+    """`transforms` / `models`: arrays of strings; `plugins`: an array of objects (null is
+    accepted as absent)."""
+    if value is None:
+        return
+    item_type, what = _ITEM_TYPES[key]
+    if type(value) is not list:
+        raise BadRequest(f"{key}: expected an array of {what}")
+    for i, item in enumerate(value):
+        if type(item) is not item_type:
+            raise BadRequest(f"{key}[{i}]: expected {'a string' if item_type is str else 'an object'}")
 
 
 def _last_tool_name(calls: list[Any]) -> str | None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,10 +85,32 @@ class QuirkRates:
     openai_tool_call_ids: float = 0.0  # ids replaced with call_<random>
     reserialize_arguments: float = 0.0  # arguments parsed and re-dumped in the other style
     empty_content: float = 0.0  # content and tool calls dropped, finish_reason "stop"
+    wrong_model: float = 0.0  # the answer names `wrong_model_slug` as its model
 
     def items(self):
         """(name, rate) pairs in declaration order (a dataclass's __dict__ keeps it)."""
         return vars(self).items()
+
+
+@dataclass
+class OutageWindow:
+    """A time window (seconds after the server started listening) in which the simulator is
+    unreachable: `refuse` closes the listening socket (connection refused) and resets the open
+    connections; `reset` accepts connections and resets them before any response byte."""
+
+    start_s: float
+    duration_s: float
+    mode: Literal["refuse", "reset"] = "refuse"
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+# `spend_limit_source` -> the `scope` of its 403 body.
+SPEND_LIMIT_SCOPES = {"openrouter_guardrail_budget": "guardrail",
+                      "openrouter_workspace_budget": "workspace",
+                      "openrouter_key_limit": "key"}
 
 
 @dataclass
@@ -171,6 +194,16 @@ class SimConfig:
     keepalive_interval_s: float = 1.0  # `: OPENROUTER PROCESSING` while waiting; 0 = never
     keepalive_initial: bool = True  # one keep-alive comment as the first bytes of a stream
     stream_chunk_tokens: int = 1  # completion tokens per stream chunk
+    # In-flight spending budget (402 in_flight_budget_exhausted / weight_exceeds_budget).
+    in_flight_budget_usd: float | None = None  # None = no in-flight budget
+    in_flight_retry_after_s: float = 1.0  # Retry-After of an in_flight_budget_exhausted 402
+    in_flight_linger_s: float = 0.0  # finished requests keep their weight this long
+    # A guardrail / workspace / key budget (403 once the spend reaches it).
+    spend_limit_usd: float | None = None  # None = no such budget
+    spend_limit_source: str = "openrouter_guardrail_budget"  # a key of SPEND_LIMIT_SCOPES
+    spend_limit_resets_at: str | None = None  # ISO-8601, echoed as metadata.resets_at
+    wrong_model_slug: str = "meta-llama/llama-3-8b"  # the `model` of a wrong_model answer
+    outages: list[OutageWindow] = field(default_factory=list)  # [[outages]]
     source: Path | None = None  # the file this came from
 
     # -- construction -------------------------------------------------------------------------
@@ -193,6 +226,14 @@ class SimConfig:
             nested["providers"] = [
                 _provider(p, f"providers[{i}]", where) for i, p in enumerate(providers_raw)
             ]
+        if "outages" in raw:
+            outages_raw = raw.pop("outages")
+            if not isinstance(outages_raw, list):
+                raise ConfigError(f"{where}: 'outages' must be an array of tables ([[outages]])")
+            nested["outages"] = [build_table(OutageWindow, o, f"outages[{i}]", where)
+                                 for i, o in enumerate(outages_raw)]
+        if isinstance(raw.get("spend_limit_resets_at"), datetime.datetime | datetime.date):
+            raw["spend_limit_resets_at"] = _iso(raw["spend_limit_resets_at"])
         if isinstance(raw.get("models"), str):
             raw["models"] = [raw["models"]]
         raw.pop("source", None)
@@ -229,8 +270,27 @@ class SimConfig:
         for key in ("retry_after_s", "slow_first_byte_s", "keepalive_interval_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{where}: {key} must be >= 0")
-        if self.credit_limit_usd is not None and self.credit_limit_usd < 0:
-            raise ConfigError(f"{where}: credit_limit_usd must be >= 0")
+        for key in ("credit_limit_usd", "in_flight_budget_usd", "spend_limit_usd"):
+            value = getattr(self, key)
+            if value is not None and not value >= 0:
+                raise ConfigError(f"{where}: {key} must be >= 0 (or absent: no limit)")
+        for key in ("in_flight_retry_after_s", "in_flight_linger_s"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"{where}: {key} must be >= 0")
+        if self.spend_limit_source not in SPEND_LIMIT_SCOPES:
+            raise ConfigError(f"{where}: spend_limit_source must be one of "
+                              f"{', '.join(SPEND_LIMIT_SCOPES)}, not {self.spend_limit_source!r}")
+        if self.spend_limit_resets_at is not None:
+            if isinstance(self.spend_limit_resets_at, datetime.datetime | datetime.date):
+                self.spend_limit_resets_at = _iso(self.spend_limit_resets_at)
+            try:
+                datetime.datetime.fromisoformat(str(self.spend_limit_resets_at))
+            except ValueError:
+                raise ConfigError(f"{where}: spend_limit_resets_at must be an ISO-8601 date "
+                                  f"and time, not {self.spend_limit_resets_at!r}") from None
+        if not isinstance(self.wrong_model_slug, str) or not self.wrong_model_slug:
+            raise ConfigError(f"{where}: wrong_model_slug must be a non-empty model slug")
+        self._validate_outages(where)
         tags: set[str] = set()
         for i, p in enumerate(self.providers):
             label = f"{where}: providers[{i}] ({p.name!r})"
@@ -260,6 +320,30 @@ class SimConfig:
             if unknown_models:
                 raise ConfigError(f"{label}: models {sorted(unknown_models)} are not in the "
                                   f"served 'models' list")
+
+    def _validate_outages(self, where: str) -> None:
+        windows = []
+        for i, o in enumerate(self.outages):
+            if isinstance(o, dict):  # SimConfig(outages=[{...}]) from Python
+                o = build_table(OutageWindow, o, f"outages[{i}]", where)
+            if not isinstance(o, OutageWindow):
+                raise ConfigError(f"{where}: outages[{i}] must be a table "
+                                  "{start_s, duration_s, mode}")
+            if not o.start_s >= 0:
+                raise ConfigError(f"{where}: outages[{i}].start_s must be >= 0")
+            if not o.duration_s > 0:
+                raise ConfigError(f"{where}: outages[{i}].duration_s must be > 0")
+            if o.mode not in ("refuse", "reset"):
+                raise ConfigError(f"{where}: outages[{i}].mode must be 'refuse' or 'reset', "
+                                  f"not {o.mode!r}")
+            windows.append((o.start_s, i, o))
+        self.outages = [o for _, _, o in sorted(windows, key=lambda w: w[:2])]
+        for k in range(1, len(self.outages)):
+            prev, cur = self.outages[k - 1], self.outages[k]
+            if cur.start_s < prev.end_s:
+                raise ConfigError(f"{where}: outages overlap: the window starting at "
+                                  f"{cur.start_s:g} s begins before the one starting at "
+                                  f"{prev.start_s:g} s ends ({prev.end_s:g} s)")
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -305,6 +389,12 @@ def _rates(rates: FaultRates, key: str, where: str) -> None:
         total += value
     if total > 1.0 + 1e-9:
         raise ConfigError(f"{where}: the rates in [{key}] add up to {total:g}, more than 1")
+
+
+def _iso(value: datetime.date) -> str:
+    """A TOML date or date-time as ISO-8601 (UTC written as Z)."""
+    text = value.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 def _slugify(name: str) -> str:

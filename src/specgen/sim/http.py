@@ -9,6 +9,10 @@ later: `respond()` for a whole response; `start_stream()`, `write()`, `drain()`,
 `end_stream()` for a chunked one (SSE); `write_raw()` and `reset()` to break a response off
 with a TCP reset. If the client goes away before the answer, `request.on_lost()` is called.
 Malformed requests get a 400 and the connection is closed.
+
+Outages (`HttpServer.stop_listening()` / `start_listening()`, `HttpServer.resetting`): the
+listening socket can be closed and reopened on the same port, and while `resetting` is set
+every new connection, and every new request on an open one, is reset before any byte.
 """
 
 from __future__ import annotations
@@ -146,12 +150,23 @@ class Request:
         self._conn.reset()
 
 
+class _Gate:
+    """What a connection asks its server: whether to reset new requests (an outage)."""
+
+    resetting = False
+
+
+_OPEN = _Gate()
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses requests and hands them to the handler in order."""
 
-    def __init__(self, handler: Callable[[Request], Any], connections: set[HttpConnection]):
+    def __init__(self, handler: Callable[[Request], Any], connections: set[HttpConnection],
+                 gate: Any = None):
         self.handler = handler
         self.connections = connections
+        self._gate = gate if gate is not None else _OPEN
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.current: Request | None = None
@@ -168,6 +183,8 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
         self.connections.add(self)
+        if self._gate.resetting:
+            self.abort_reset()
 
     def data_received(self, data: bytes) -> None:
         if self._parts or self.current is not None:
@@ -363,17 +380,45 @@ class HttpConnection(asyncio.Protocol):
         self.closed = True
 
     def reset(self) -> None:
+        """Reset the connection on purpose: the current request was already answered for."""
         transport = self.transport
         if transport is None or self.closed:
             return
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
+        _linger0(transport)
         self.current = None
         transport.abort()
+
+    def resetting(self, on: bool) -> None:
+        """During a `reset` outage every new request resets the connection instead of being
+        answered (an instance attribute shadows `_process`: no check per request)."""
+        if on:
+            self._process = self._reset_instead  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("_process", None)
+
+    def _reset_instead(self, data: bytes) -> None:
+        self.abort_reset()
+
+    def abort_reset(self) -> None:
+        """Reset the connection from outside (an outage): the request being answered, if any,
+        is lost (`on_lost`), as if the client had gone."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        self._parts = []
+        self._size = 0
+        _linger0(transport)
+        transport.abort()
+
+
+def _linger0(transport: asyncio.BaseTransport) -> None:
+    """SO_LINGER 0: closing the socket then sends RST, not FIN."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
 
 
 def _dechunk(data: bytes, pos: int) -> tuple[bytes, int] | None:
@@ -415,30 +460,98 @@ def _dechunk(data: bytes, pos: int) -> tuple[bytes, int] | None:
 
 
 class HttpServer:
-    """A listening socket and its open connections."""
+    """A listening socket and its open connections. The socket can be closed and reopened on
+    the same port (`stop_listening` / `start_listening`, for outages); while `resetting` is
+    set, new connections and new requests on open ones are reset."""
 
-    def __init__(self, server: asyncio.Server, connections: set[HttpConnection]):
-        self.server = server
-        self.connections = connections
+    def __init__(self, handler: Callable[[Request], Any], host: str):
+        self.handler = handler
+        self.host = host
+        self.connections: set[HttpConnection] = set()
+        self.server: asyncio.Server | None = None
+        self._resetting = False
+        self._port = 0
+        self._closed = False
+        self._reopen: asyncio.Future | None = None
+
+    def _protocol(self) -> HttpConnection:
+        return HttpConnection(self.handler, self.connections, self)
 
     @property
     def port(self) -> int:
-        return int(self.server.sockets[0].getsockname()[1])
+        """The port (the same across outages, also while not listening)."""
+        return self._port
+
+    @property
+    def resetting(self) -> bool:
+        return self._resetting
+
+    @resetting.setter
+    def resetting(self, on: bool) -> None:
+        self._resetting = on = bool(on)
+        for conn in list(self.connections):
+            conn.resetting(on)
+
+    @property
+    def listening(self) -> bool:
+        return self.server is not None and not self._closed
+
+    async def _listen(self, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(self._protocol, self.host, port, backlog=4096,
+                                               reuse_address=True)
+        self._port = int(self.server.sockets[0].getsockname()[1])
+
+    def stop_listening(self) -> None:
+        """Close the listening socket (new connections are refused) and reset every open
+        connection (their requests are lost)."""
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()
+        for conn in list(self.connections):
+            conn.abort_reset()
+
+    async def start_listening(self, retry_s: float = 0.05) -> None:
+        """Listen again on the same host and port (retried while the port is busy)."""
+        if self.server is not None or self._closed:
+            return
+        if self._reopen is None or self._reopen.done():
+            # Shielded: a cancelled caller must not leave a socket listening that nobody owns.
+            self._reopen = asyncio.ensure_future(self._relisten(retry_s))
+        await asyncio.shield(self._reopen)
+
+    async def _relisten(self, retry_s: float) -> None:
+        warned = False
+        while not self._closed and self.server is None:
+            try:
+                await self._listen(self._port)
+            except OSError as exc:
+                if not warned:
+                    log.warning("cannot listen again on %s:%d (%s); retrying", self.host,
+                                self._port, exc.strerror)
+                    warned = True
+                await asyncio.sleep(retry_s)
+        if self._closed and self.server is not None:
+            self.server.close()
 
     async def close(self) -> None:
         """Stop listening and drop every open connection (their requests are cancelled)."""
-        self.server.close()
+        self._closed = True
+        if self._reopen is not None and not self._reopen.done():
+            await asyncio.gather(self._reopen, return_exceptions=True)
+        server = self.server
+        if server is not None:
+            server.close()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.abort()
         await asyncio.sleep(0)  # let the transports report connection_lost
-        await self.server.wait_closed()
+        if server is not None:
+            await server.wait_closed()
 
 
 async def serve(handler: Callable[[Request], Any], host: str, port: int) -> HttpServer:
     """Listen on host:port (0 = a free port) and serve `handler`."""
-    loop = asyncio.get_running_loop()
-    connections: set[HttpConnection] = set()
-    server = await loop.create_server(lambda: HttpConnection(handler, connections), host, port,
-                                      backlog=4096, reuse_address=True)
-    return HttpServer(server, connections)
+    http = HttpServer(handler, host)
+    await http._listen(port)
+    return http

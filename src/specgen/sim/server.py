@@ -28,6 +28,7 @@ from ..render import get_renderer
 from ..render.base import RenderError
 from ..render.kimi import KimiRenderer
 from ..tokenizer import Tokenizer, load_tokenizer
+from .budget import InFlightBudget, spend_limit_error
 from .chat_request import ChatParser, ChatRequest
 from .config import ProviderConfig, SimConfig
 from .faults import (
@@ -98,6 +99,9 @@ class _Endpoint:
 
 
 _NO_QUIRKS: frozenset[str] = frozenset()
+_WRONG_MODEL = frozenset({"wrong_model"})
+# Platform rate-limit headers of every 429 (X-RateLimit-Reset is set when it is sent).
+_RATE_LIMIT_HEADERS = {"X-RateLimit-Limit": "200", "X-RateLimit-Remaining": "0"}
 
 
 class Simulator:
@@ -124,6 +128,13 @@ class Simulator:
         self._endpoints = {id(p): _Endpoint(p) for p in cfg.providers}
         self.stats = Stats()
         self.spent = 0.0
+        # Budgets (docs/sim.md, "Budgets"): checked only when configured.
+        self._budget = (None if cfg.in_flight_budget_usd is None else InFlightBudget(
+            cfg.in_flight_budget_usd, cfg.in_flight_retry_after_s, cfg.in_flight_linger_s))
+        self._spend_limit = cfg.spend_limit_usd
+        self._limits = cfg.credit_limit_usd is not None or cfg.spend_limit_usd is not None
+        self.outage_active = False  # set by `outages.Outages`
+        self.outages_started = 0
         self._seen: dict[bytes, int] = {}
         self._seed_key = hashlib.blake2b(str(self.seed).encode(), digest_size=16).digest()
         self.generations: OrderedDict[str, tuple] = OrderedDict()
@@ -288,13 +299,25 @@ class Simulator:
             "streamed": streamed, "cancelled": False, "latency": int(latency * 1000),
         }})
 
-    def get_stats(self, request: Request) -> None:
+    def stats_json(self) -> dict[str, Any]:
+        """The GET /sim/stats answer."""
+        cfg = self.cfg
         out = self.stats.to_json()
         out["spent_usd"] = self.spent
-        out["credit_limit_usd"] = self.cfg.credit_limit_usd
+        out["credit_limit_usd"] = cfg.credit_limit_usd
+        out["spend_limit_usd"] = cfg.spend_limit_usd
+        budget = self._budget
+        out["in_flight_budget_usd"] = cfg.in_flight_budget_usd
+        out["in_flight_weight_usd"] = budget.running() if budget else 0.0
+        out["in_flight_weight_peak_usd"] = budget.peak if budget else 0.0
+        out["outage_active"] = self.outage_active
+        out["outages_started"] = self.outages_started
         out["uptime_s"] = time.time() - self.started_at
         out["seed"] = self.seed
-        _json(request, 200, out)
+        return out
+
+    def get_stats(self, request: Request) -> None:
+        _json(request, 200, self.stats_json())
 
     def reset(self, request: Request) -> None:
         """Zero the counters and the spend (tests)."""
@@ -302,6 +325,8 @@ class Simulator:
         self.stats = Stats()
         self.stats.in_flight = in_flight  # the open requests still finish (and count down)
         self.spent = 0.0
+        if self._budget is not None:  # the weight in flight stays: those requests still run
+            self._budget.peak = self._budget.running()
         _json(request, 200, {"ok": True})
 
     # -- chat: bookkeeping ------------------------------------------------------------------
@@ -321,6 +346,8 @@ class Simulator:
             return
         ctx.finished = True
         ctx.step = None
+        if ctx.weight:
+            self._budget.release(ctx.weight)
         st = self.stats
         st.in_flight -= 1
         if outcome == "completed":
@@ -396,10 +423,14 @@ class Simulator:
         del body
         rng, answer_key, content_key = self._rngs(raw, req.seed)
         request.body = raw = b""  # hold no body while waiting
-        if cfg.credit_limit_usd is not None and self.spent >= cfg.credit_limit_usd:
-            return self._fail(ctx, 402, error_body(
-                402, "This request requires more credits, or fewer max_tokens. You have "
-                f"spent ${self.spent:.6f} of your ${cfg.credit_limit_usd:g} limit."), "credits")
+        if self._limits:
+            if cfg.credit_limit_usd is not None and self.spent >= cfg.credit_limit_usd:
+                return self._fail(ctx, 402, error_body(
+                    402, "This request requires more credits, or fewer max_tokens. You have "
+                    f"spent ${self.spent:.6f} of your ${cfg.credit_limit_usd:g} limit.",
+                    {"limit_source": "openrouter_credits"}), "credits")
+            if self._spend_limit is not None and self.spent >= self._spend_limit:
+                return self._fail(ctx, 403, spend_limit_error(cfg, self.spent), "spend_limit")
         try:
             candidates = route(cfg.providers, req.model, req.provider, params=req.params,
                                has_tools=bool(req.tools), rng=rng, sort=req.sort)
@@ -421,6 +452,16 @@ class Simulator:
                 400, f"This endpoint's maximum context length is {most} tokens. However, you "
                 f"requested about {n_prompt} tokens. Please reduce the length of the "
                 "messages."), "bad_request")
+        if self._budget:
+            # Weighed at the first pick's prices, before any fault or fallback.
+            first = self._endpoints[id(fitting[0])]
+            weight = (n_prompt * first.prompt_price + (req.max_tokens or fitting[0]
+                      .max_completion_tokens) * first.completion_price)
+            refused = self._budget.admit(weight)
+            if refused is not None:
+                status, body, headers, outcome = refused
+                return self._fail(ctx, status, body, outcome, headers=headers)
+            ctx.weight = weight
 
         endpoints = self._endpoints
         fault = draw(self._router_faults, rng)
@@ -451,13 +492,22 @@ class Simulator:
             return self._send_error(ctx)
 
         rates = endpoints[id(provider)].quirks
-        quirks = frozenset(q for q, rate in rates if rng.random() < rate) if rates else _NO_QUIRKS
+        model = cfg.dated(req.model)
+        if rates:
+            quirks = frozenset(q for q, rate in rates if rng.random() < rate)
+            if "wrong_model" in quirks:  # not a serving quirk: only the name changes
+                quirks = quirks - _WRONG_MODEL
+                model = cfg.wrong_model_slug
+                ctx.wrong_model = True
+        else:
+            quirks = _NO_QUIRKS
         now = time.time()
         gen_id = f"gen-{int(now)}-{rng.getrandbits(64):016x}"
         del rng  # nothing more is drawn before the answer: hold no state while waiting
         if self.model.fast:
             req.messages = []  # the answer needs only what parse_chat_request kept
         ctx.req, ctx.quirks, ctx.prompt_ids, ctx.gen_id = req, quirks, prompt_ids, gen_id
+        ctx.model = model
         ctx.created, ctx.latency, ctx.fault = int(now), latency, fault
         ctx.answer_key, ctx.content_key = answer_key, content_key
         if req.stream:
@@ -470,6 +520,9 @@ class Simulator:
 
     def _send_error(self, ctx: _Ctx) -> None:
         status, body, headers = ctx.error
+        if status == 429:  # the reset time counts from when the 429 is sent
+            headers["X-RateLimit-Reset"] = str(int((time.time() + self.cfg.retry_after_s)
+                                                   * 1000))
         self._fail(ctx, status, body, ctx.fault, headers=headers)
 
     def _generated(self, ctx: _Ctx) -> None:
@@ -501,6 +554,8 @@ class Simulator:
                                      has_tools=bool(req.tools), quirks=ctx.quirks,
                                      exclude_reasoning=req.exclude_reasoning, rng=rng)
         ctx.resegmented = gen.resegmented
+        if ctx.wrong_model:
+            ctx.served.quirks = sorted([*ctx.served.quirks, "wrong_model"])
         ctx.usage = self._usage(provider, n_prompt, ctx.served, rng)
         ctx.draw = rng.random()  # where a failing answer breaks off, which error shape
 
@@ -549,8 +604,13 @@ class Simulator:
         if fault == "moderation":
             last = req.messages[-1].get("content")
             return 403, moderation_error(p.name, req.model, last if isinstance(last, str) else ""), None
-        headers = {"Retry-After": _retry_after(self.cfg.retry_after_s)} if status == 429 else None
-        return status, provider_error(status, p.name, self.cfg.error_metadata, rng), headers
+        body = provider_error(status, p.name, self.cfg.error_metadata, rng)
+        headers = None
+        if status == 429:
+            retry_after = self.cfg.retry_after_s
+            body["error"]["metadata"]["retry_after_seconds"] = retry_after
+            headers = {"Retry-After": _retry_after(retry_after), **_RATE_LIMIT_HEADERS}
+        return status, body, headers
 
     def _account(self, ctx: _Ctx) -> None:
         usage = ctx.usage
@@ -596,7 +656,7 @@ class Simulator:
         }
         choice.update(choice_extra)
         body: dict[str, Any] = {
-            "id": ctx.gen_id, "provider": ctx.provider.name, "model": self.cfg.dated(ctx.req.model),
+            "id": ctx.gen_id, "provider": ctx.provider.name, "model": ctx.model,
             "object": "chat.completion", "created": ctx.created, "choices": [choice],
             "system_fingerprint": None, "usage": ctx.usage,
         }
@@ -752,7 +812,7 @@ class Simulator:
         if token_ids is not None:
             choice["token_ids"] = token_ids
         return {"id": ctx.gen_id, "provider": ctx.provider.name,
-                "model": self.cfg.dated(ctx.req.model), "object": "chat.completion.chunk",
+                "model": ctx.model, "object": "chat.completion.chunk",
                 "created": ctx.created, "choices": [choice]}
 
     def _events(self, ctx: _Ctx) -> list[tuple[bytes, int]]:
@@ -775,7 +835,7 @@ class Simulator:
         last["choices"][0]["native_finish_reason"] = served.native_finish_reason
         events.append((_event(last), len(pending)))
         usage = {"id": ctx.gen_id, "provider": ctx.provider.name,
-                 "model": self.cfg.dated(ctx.req.model), "object": "chat.completion.chunk",
+                 "model": ctx.model, "object": "chat.completion.chunk",
                  "created": ctx.created, "choices": [], "usage": ctx.usage}
         if want:
             usage["specgen_sim"] = self._sim_info(ctx, served)
@@ -788,7 +848,8 @@ class _Ctx:
 
     __slots__ = ("sim", "request", "finished", "step", "task", "error", "req", "provider",
                  "quirks", "served", "usage", "prompt_ids", "resegmented", "answer_key",
-                 "content_key", "draw", "gen_id", "created", "latency", "fault")
+                 "content_key", "draw", "gen_id", "created", "latency", "fault", "model",
+                 "weight", "wrong_model")
 
     def __init__(self, sim: Simulator, request: Request):
         self.sim = sim
@@ -803,6 +864,8 @@ class _Ctx:
         self.usage: dict[str, Any] = {}
         self.resegmented = 0
         self.draw = 0.0
+        self.weight = 0.0  # in-flight budget weight held (USD), released by _finish
+        self.wrong_model = False
 
     def lost(self) -> None:
         self.sim._lost(self)
