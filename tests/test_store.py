@@ -119,7 +119,7 @@ def test_upserts_replace_and_session_rows(tmp_path):
 def test_reset_failed_tasks(tmp_path):
     store = seeded(tmp_path)
     assert store.reset_failed_tasks() == 1
-    assert store.tasks_of(2)[1] == (2, "pending", 6, None)
+    assert store.tasks_of(2)[1] == (2, "pending", 0, None)  # a fresh attempt budget
     assert sorted(r[0] for r in store.open_conversations()) == [2, 3]
 
 

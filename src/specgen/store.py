@@ -7,8 +7,12 @@ read-only and never block the writer.
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import sqlite3
 import sys
+import tempfile
 import time
 import zlib
 from array import array
@@ -89,6 +93,188 @@ CREATE TABLE IF NOT EXISTS events(
 
 class StoreError(Exception):
     """The store cannot be opened or is not a specgen store."""
+
+
+class StoreWriteError(Exception):
+    """A write the store could not take because of where it lives (not a bug): the disk is
+    full, the run dir is read-only, the file is corrupt or gone, another process holds it.
+    `kind` is one of STORE_ERROR_KINDS; the original error is `__cause__`. The rows of the
+    failed write are not in the store (the transaction was rolled back) and can be retried."""
+
+    def __init__(self, kind: str, message: str, path: str | Path | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.path = path
+
+
+STORE_ERROR_KINDS = ("disk_full", "read_only", "corrupt", "missing", "locked", "io")
+_KIND_LABELS = {
+    "disk_full": "disk full", "read_only": "store not writable", "corrupt": "store corrupt",
+    "missing": "store missing", "locked": "store locked", "io": "store I/O error",
+}
+# primary SQLite result codes (https://sqlite.org/rescode.html)
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR = 5, 6, 8, 10
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 11, 13, 14, 26
+_SQLITE_READONLY_DBMOVED = _SQLITE_READONLY | (4 << 8)  # the db file was unlinked / moved
+_SQLITE_KINDS = {
+    _SQLITE_FULL: "disk_full", _SQLITE_READONLY: "read_only", _SQLITE_CORRUPT: "corrupt",
+    _SQLITE_NOTADB: "corrupt", _SQLITE_IOERR: "io", _SQLITE_CANTOPEN: "missing",
+    _SQLITE_BUSY: "locked", _SQLITE_LOCKED: "locked",
+}
+_MESSAGE_KINDS = (  # fallback when the error carries no code
+    ("database or disk is full", "disk_full"),
+    ("readonly database", "read_only"),
+    ("database disk image is malformed", "corrupt"),
+    ("file is not a database", "corrupt"),
+    ("disk i/o error", "io"),
+    ("unable to open database file", "missing"),
+    ("database is locked", "locked"),
+    ("database table is locked", "locked"),
+)
+_ERRNO_KINDS = {
+    errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full", errno.EROFS: "read_only",
+    errno.EACCES: "read_only", errno.EPERM: "read_only", errno.ENOENT: "missing",
+    errno.EIO: "io",
+}
+_NEARLY_FULL = 1 << 20  # free bytes under which an I/O error is taken for a full disk
+
+
+def _run_dir_of(path: str | Path) -> Path:
+    p = Path(path)
+    return p if p.is_dir() else p.parent
+
+
+def classify_store_error(exc: BaseException, path: str | Path) -> StoreWriteError | None:
+    """The `StoreWriteError` an exception from writing the store at `path` (the store file or
+    its run dir) amounts to, or None when it is not about the store's medium (a constraint
+    violation, a closed connection, a bad value: a bug, to be raised as it is)."""
+    if isinstance(exc, StoreWriteError):
+        return exc
+    kind: str | None = None
+    moved = False
+    if isinstance(exc, sqlite3.Error):
+        if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError
+                      | sqlite3.InterfaceError):
+            return None
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None:
+            kind = _SQLITE_KINDS.get(code & 0xFF)
+            moved = code == _SQLITE_READONLY_DBMOVED
+        if kind is None:
+            text = str(exc).lower()
+            kind = next((k for needle, k in _MESSAGE_KINDS if needle in text), None)
+    elif isinstance(exc, OSError):
+        kind = _ERRNO_KINDS.get(exc.errno)  # type: ignore[arg-type]
+    if kind is None:
+        return None
+    run_dir = _run_dir_of(path)
+    file_gone = Path(path) != run_dir and not Path(path).exists()
+    if moved or (kind in ("io", "missing", "read_only") and not run_dir.exists()):
+        kind = "missing"  # SQLite: "attempt to write a readonly database" once it is unlinked
+    elif kind in ("io", "missing") and file_gone:
+        kind = "missing"
+    elif kind in ("io", "missing") and free_bytes(run_dir) < _NEARLY_FULL:
+        kind = "disk_full"  # some failed writes on a full disk come back as I/O errors
+    elif kind == "missing":  # "unable to open database file" with the file there
+        kind = "read_only" if check_writable(run_dir) else "io"
+    detail = str(exc) or type(exc).__name__
+    return StoreWriteError(kind, f"{_KIND_LABELS[kind]}: {detail} (run dir {run_dir})", path)
+
+
+def free_bytes(path: str | Path) -> int:
+    """Bytes free for this user on the filesystem of `path` (or of its nearest existing
+    parent); 0 when it cannot be told."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return 0
+
+
+def check_writable(run_dir: str | Path) -> str | None:
+    """None when the run dir (or, if it does not exist yet, the nearest existing parent that
+    would hold it) and its store files can be written; else a message saying why not
+    (read-only filesystem, permissions, no space). Tested for real: a small temp file is
+    created, written, synced and removed, and the store files are opened for appending
+    (which changes nothing), so it holds for root and read-only mounts alike."""
+    run_dir = Path(run_dir)
+    where = run_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        return f"the run dir {run_dir} is not a directory ({where} is a file)"
+    name = None
+    try:
+        fd, name = tempfile.mkstemp(prefix=".specgen-writable-", dir=where)
+        try:
+            os.write(fd, b"specgen\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return _not_writable(run_dir, where, exc)
+    finally:
+        if name is not None:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+    for suffix in ("", "-wal", "-shm"):
+        f = run_dir / (STORE_FILE + suffix)
+        if not f.exists():
+            continue
+        try:
+            with open(f, "ab"):
+                pass
+        except OSError as exc:
+            return _not_writable(run_dir, f, exc)
+    return None
+
+
+def _not_writable(run_dir: Path, what: Path, exc: OSError) -> str:
+    why = {
+        errno.EROFS: "it is on a read-only filesystem",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted (permissions or an immutable file)",
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "the disk quota is exhausted",
+    }.get(exc.errno, exc.strerror or str(exc))  # type: ignore[arg-type]
+    if what == run_dir:
+        head = f"cannot write to the run dir {run_dir}"
+    elif what.is_dir():
+        head = f"cannot create the run dir {run_dir} in {what}"
+    else:
+        head = f"cannot write to the run store {what}"
+    return f"{head}: {why}; the run needs to write its store there (fix it or choose another run_dir)"
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back an open transaction, if any, without letting a failed rollback (SQLite
+    often rolled back itself already, e.g. on SQLITE_FULL) hide the error that caused it."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _connect_rw(path: str | Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
 
 
 # -- encodings --------------------------------------------------------------------------------
@@ -181,6 +367,13 @@ class Store:
         self.path = path
         self.conn = conn
         self.readonly = readonly
+        self._remember_files()
+
+    def _remember_files(self) -> None:
+        """Record which files (device, inode) the connection has open, for identity_problem."""
+        self._abspath = os.path.abspath(self.path)
+        self._file_ids = {suffix: _file_id(self._abspath + suffix)
+                          for suffix in ("", "-wal", "-shm")}
 
     @classmethod
     def create(cls, run_dir: str | Path) -> Store:
@@ -188,12 +381,9 @@ class Store:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / STORE_FILE
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=10000")
+        conn = _connect_rw(path)
         conn.executescript(SCHEMA)
-        store = cls(path, conn, readonly=False)
+        store = cls(path, conn, readonly=False)  # after the schema: the -wal/-shm exist
         store._rebuild_totals_if_missing()
         version = store.get_meta("schema_version")
         if version is None:
@@ -236,7 +426,7 @@ class Store:
             c.execute(f"INSERT INTO totals {_TOTALS_FROM_ATTEMPTS}")
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            _rollback_quietly(c)
             raise
 
     def _attempt_groups(self) -> list[tuple]:
@@ -311,10 +501,26 @@ class Store:
 
     # -- writes (the engine's; one writer process per run dir) --------------------------------
     def write(self, batch: Batch) -> None:
-        """Apply a batch in one transaction: all of it is durable, or none of it."""
+        """Apply a batch in one transaction: all of it is durable, or none of it.
+
+        Raises `StoreWriteError` (its `kind` says why; the original error is `__cause__`)
+        when the store's medium refuses the write — disk full, read-only, corrupt, deleted,
+        locked, I/O error; nothing of the batch is then in the store, and the same batch can
+        be written again later. Other errors (bugs) are raised as they are."""
         if self.readonly:
             raise StoreError(f"{self.path}: opened read-only")
+        try:
+            self._write(batch)
+        except (sqlite3.Error, OSError) as exc:
+            err = classify_store_error(exc, self.path)
+            if err is None:
+                raise
+            raise err from exc
+
+    def _write(self, batch: Batch) -> None:
         c = self.conn
+        if c.in_transaction:  # a failed COMMIT whose rollback failed too: start clean
+            c.execute("ROLLBACK")
         c.execute("BEGIN IMMEDIATE")
         try:
             if batch.meta:
@@ -367,8 +573,80 @@ class Store:
                     "WHERE id=?", batch.session)
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            _rollback_quietly(c)
             raise
+
+    # -- the file under the connection --------------------------------------------------------
+    def identity_problem(self) -> str | None:
+        """None while the files at `path` are the ones the connection opened; else what
+        happened to them: "deleted" (no file at `path`: commits would go to an unlinked
+        inode and vanish with the process), "replaced" (another file at `path`), or "partly
+        deleted (its -wal/-shm file was removed or replaced)". Three stat calls."""
+        ids = self._file_ids
+        now = _file_id(self._abspath)
+        if now is None:
+            return "deleted"
+        if ids[""] is not None and now != ids[""]:
+            return "replaced"
+        for suffix in ("-wal", "-shm"):
+            if ids[suffix] is not None and _file_id(self._abspath + suffix) != ids[suffix]:
+                return "partly deleted (its -wal/-shm file was removed or replaced)"
+        return None
+
+    def restore_to_path(self) -> bool:
+        """Write the open connection's whole database (what the unlinked file and its WAL
+        hold, as the connection sees it: every committed row) back to `path` after the file
+        (or its -wal/-shm) was deleted under it, then reopen the connection on the restored
+        file so later commits land in it. True when restored; False when there is nothing
+        to restore (the files are intact, or another file was put at `path`: that one is
+        left alone) or the copy failed (no space: nothing changed, the connection still
+        holds everything; try again later). Call it only while no commit is under way.
+
+        The copy goes through `sqlite3.Connection.backup` into a temp file in the same dir,
+        is synced, then renamed over `path` once the old connection is closed and stale
+        -wal/-shm files are removed (so the new connection does not replay them)."""
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only")
+        problem = self.identity_problem()
+        if problem is None or problem == "replaced":
+            return False
+        _rollback_quietly(self.conn)
+        path = self._abspath
+        folder = os.path.dirname(path)
+        tmp = None
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{STORE_FILE}.restore-", dir=folder)
+            os.close(fd)
+            dst = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                self.conn.backup(dst)
+            finally:
+                dst.close()
+            _fsync_path(tmp)
+        except (sqlite3.Error, OSError):
+            if tmp is not None:
+                for name in (tmp, tmp + "-journal"):
+                    try:
+                        os.unlink(name)
+                    except OSError:
+                        pass
+            return False
+        try:
+            self.conn.close()
+        except sqlite3.Error:
+            pass
+        for suffix in ("-wal", "-shm"):  # the old file's: must not be replayed onto the copy
+            try:
+                os.unlink(path + suffix)
+            except FileNotFoundError:
+                pass
+        os.replace(tmp, path)
+        _fsync_path(folder)
+        self.conn = _connect_rw(path)
+        self.conn.execute("SELECT 1 FROM meta LIMIT 1").fetchone()  # opens the -wal/-shm
+        self._remember_files()
+        return True
 
     def start_session(self, pid: int, host: str, argv: str, now: float) -> int:
         """Record a new engine session (state running); returns its id. Sessions still
@@ -494,7 +772,8 @@ class Store:
         return out
 
     def reset_failed_tasks(self, datasets: Sequence[str] | None = None) -> int:
-        """Make failed tasks (and their conversations) pending again; returns how many."""
+        """Make failed tasks (and their conversations) pending again, with a fresh attempt
+        budget; returns how many."""
         where, args = "status='failed'", []
         if datasets:
             where += f" AND dataset IN ({','.join('?' * len(datasets))})"
@@ -503,7 +782,9 @@ class Store:
         c.execute("BEGIN IMMEDIATE")
         try:
             convs = [r[0] for r in c.execute(f"SELECT conversation FROM tasks WHERE {where}", args)]
-            n = c.execute(f"UPDATE tasks SET status='pending', error=NULL WHERE {where}",
+            # a fresh attempt budget: the attempts table keeps the history
+            n = c.execute(f"UPDATE tasks SET status='pending', error=NULL, attempts=0 "
+                          f"WHERE {where}",
                           args).rowcount
             c.executemany(
                 "UPDATE conversations SET status=CASE WHEN EXISTS(SELECT 1 FROM results r "
@@ -511,7 +792,7 @@ class Store:
                 "end_reason=NULL WHERE id=? AND status='failed'", [(x,) for x in convs])
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            _rollback_quietly(c)
             raise
         return n
 
@@ -537,6 +818,14 @@ RESULT_INSERT_COLUMNS = (
     "request, message, input_ids, n_prompt, true_prompt_ids, true_completion_ids, "
     "prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, repairs, latency_s, created_at"
 )
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _cols(columns: str) -> list[str]:
