@@ -91,7 +91,9 @@ def test_every_fault_class_is_retried_or_recorded(tmp_path, faulty_sim, stream):
          {"name": "multi", "path": "m.jsonl", "turns": "all"}],
         endpoint=f"stream = {str(stream).lower()}\nfirst_byte_timeout = 0.5")
     cfg, outcome = go(path)
-    assert outcome.state == "finished" and outcome.exit_code == 0, outcome
+    # moderation fails its task: the run did all it could, but not all its work (exit 4)
+    assert outcome.state == "incomplete" and outcome.exit_code == 4, outcome
+    assert "task(s) failed (moderation" in outcome.stop_reason
     seen = outcomes(cfg.run_dir)
     want = {"retry:rate_limit", "retry:timeout", "retry:server", "retry:overloaded",
             "retry:connection", "retry:invalid_response", "fatal:moderation", "ok"}
@@ -101,7 +103,8 @@ def test_every_fault_class_is_retried_or_recorded(tmp_path, faulty_sim, stream):
     counts = check_store(cfg.run_dir, vocab=load_tokenizer("demo").vocab_size)
     assert counts.get("pending", 0) == 0
     st = run_status(cfg.run_dir)
-    assert st["state"] == "finished" and st["stop_reason"] == "all datasets done"
+    assert st["state"] == "incomplete" and "failed (moderation" in st["stop_reason"]
+    assert set(st["failures"]) == {"moderation"}
     assert set(st["datasets"]) == {"prompts", "tools", "multi"}
     # moderation is fatal for the request: recorded as failed with its reason
     with Store.open(cfg.run_dir) as s:
@@ -265,8 +268,9 @@ def test_402_stops_cleanly_then_resumes(tmp_path):
         cfg, outcome = go(path)
     finally:
         sim.stop()
-    assert outcome.state == "failed" and "credits" in outcome.stop_reason
-    assert "add credits" in outcome.stop_reason
+    # out of credits is an account's budget, not a fault: stopped cleanly, resumable (exit 5)
+    assert (outcome.state, outcome.exit_code) == ("stopped", 5), outcome
+    assert "credits" in outcome.stop_reason and "add credits" in outcome.stop_reason
     done_before = _results(cfg.run_dir)
     assert 0 < len(done_before) < 60
     rich = SimProcess(tmp_path, CLEAN, name="rich")
@@ -322,9 +326,10 @@ context_length = 300
         cfg, outcome = go(path)
     finally:
         sim.stop()
-    assert outcome.state == "finished"
+    assert (outcome.state, outcome.exit_code) == ("incomplete", 4), outcome
+    assert "1 task(s) failed (bad_request 1)" in outcome.stop_reason
     st = run_status(cfg.run_dir)["datasets"]["a"]
-    assert (st["done"], st["failed"]) == (5, 1)
+    assert (st["done"], st["failed"], st["state"]) == (5, 1, "done_with_failures")
     with Store.open(cfg.run_dir) as s:
         (err,) = s.conn.execute("SELECT error FROM tasks WHERE status='failed'").fetchone()
         (n,) = s.conn.execute("SELECT COUNT(*) FROM attempts WHERE outcome='fatal:bad_request'"
@@ -522,9 +527,10 @@ def test_retry_failed_sends_failed_tasks_again(tmp_path, clean_sim):
     finally:
         strict.stop()
     failed = run_status(cfg.run_dir)["datasets"]["a"]["failed"]
-    assert outcome.state == "finished" and failed > 0
+    assert outcome.state == "incomplete" and outcome.exit_code == 4 and failed > 0
     path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}])
-    go(path)  # a plain rerun leaves failed tasks alone
+    _, outcome = go(path)  # a plain rerun leaves failed tasks alone (and says so)
+    assert outcome.state == "incomplete" and f"{failed} task(s) failed" in outcome.stop_reason
     assert run_status(cfg.run_dir)["datasets"]["a"]["failed"] == failed
     cfg, outcome = go(path, retry_failed=True)
     st = run_status(cfg.run_dir)["datasets"]["a"]

@@ -51,19 +51,39 @@ def handle(args: argparse.Namespace) -> int:
     except RunError as exc:
         print(f"specgen run: {exc}", file=sys.stderr)
         return 2
-    print_summary(run_status(cfg.run_dir), outcome.state, outcome.stop_reason)
+    try:
+        status = run_status(cfg.run_dir)
+    except Exception as exc:  # noqa: BLE001 - the store itself may be what failed
+        print(f"run {outcome.state}: {outcome.stop_reason}")
+        print(f"  (no summary: the store cannot be read: {exc})", file=sys.stderr)
+        return outcome.exit_code
+    print_summary(status, outcome.state, outcome.stop_reason, config=args.config)
     return outcome.exit_code
 
 
-def print_summary(status: dict, state: str, reason: str) -> None:
+def print_summary(status: dict, state: str, reason: str, config: str | None = None) -> None:
     print(f"run {state}: {reason}")
     for name, d in status["datasets"].items():
-        print(f"  {name}: {d['done']} done, {d['failed']} failed, {d['quarantined']} "
-              f"quarantined, {d['pending']} pending; {d['completion_tokens']:,} completion "
-              f"tokens, ${d['cost_usd']:.4f}")
+        print(f"  {name} [{d['state']}]: {d['done']} done, {d['failed']} failed, "
+              f"{d['quarantined']} quarantined, {d['pending']} pending; "
+              f"{d['completion_tokens']:,} completion tokens, ${d['cost_usd']:.4f}")
     import os
 
     run_dir = os.path.normpath(status["run_dir"])
     print(f"  total cost ${status['cost_usd']:.4f}; store {run_dir}/state.sqlite")
-    if state != "finished":
+    failures = status.get("failures") or {}
+    if failures:
+        print("  failed tasks by class (last error):")
+        for kind, f in failures.items():
+            print(f"    {kind}: {f['count']:,} — {_short(f['last_error'])}")
+        cmd = f"specgen run {config} --retry-failed" if config else "rerun with --retry-failed"
+        print(f"  to send them again with a fresh attempt budget: {cmd}")
+    if state == "stopped":
         print("  rerun the same command to resume")
+    elif state == "failed":
+        print("  fix the cause above, then rerun the same command to resume")
+
+
+def _short(text: str | None, limit: int = 200) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

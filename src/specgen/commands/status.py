@@ -58,6 +58,15 @@ def print_status(s: dict) -> None:
     if s.get("concurrency") is not None:
         head += f"  in flight {s.get('in_flight')} (limit {s['concurrency']})"
     console.print(head)
+    if s.get("concurrency_reason"):
+        console.print(f"  limit below the configured concurrency: {s['concurrency_reason']}")
+    ep = s.get("endpoint") or {}
+    if ep.get("state") in ("down", "paused"):
+        console.print(f"  [yellow]endpoint {ep['state']}: {ep.get('reason')}[/yellow]")
+    if s.get("store_problem"):
+        sp = s["store_problem"]
+        console.print(f"  [red]store: {sp['message']} — {sp['held_answers']} answer(s) held "
+                      "in memory[/red]")
     if s["stop_reason"]:
         console.print(f"  {s['stop_reason']}")
     t = Table(box=None, header_style="bold")
@@ -70,6 +79,8 @@ def print_status(s: dict) -> None:
                   f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
                   f"{d['cost_usd']:.4f}")
     console.print(t)
+    for kind, f in (s.get("failures") or {}).items():
+        console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
     if s["providers"]:
         p = Table(box=None, header_style="bold")
         for col in ("provider", "attempts", "outcomes", "compl. tok", "cost $"):

@@ -74,7 +74,9 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "state": engine.final_state or (
             {"drain": "draining", "now": "stopping now"}.get(engine.stopping or "")
             or ("failing" if engine.fatal else "running")),
-        "in_flight": len(engine.inflight), "limit": engine.limit.limit,
+        "in_flight": len(engine.inflight), "limit": engine.concurrency()[0],
+        "limit_reason": engine.concurrency()[1], "endpoint": engine.health.to_json(),
+        "store_problem": engine.store_problem(),
         "max_concurrency": engine.limit.maximum, "backoffs": engine.limit.backoffs,
         "retrying": len(engine.retries), "rps": rps, "tps": tps,
         "cost_usd": b.cost_usd, "max_cost_usd": b.max_cost_usd,
@@ -89,7 +91,8 @@ def progress_line(engine: Engine) -> str:
     s = snapshot(engine)
     cap = f"/${s['max_cost_usd']:g}" if s["max_cost_usd"] is not None else ""
     parts = [
-        f"in flight {s['in_flight']}/{s['limit']}",
+        f"in flight {s['in_flight']}/{s['limit']}"
+        + (f" ({s['limit_reason']})" if s["limit_reason"] else ""),
         f"{s['rps']:.1f} req/s", f"{_fmt_int(s['tps'])} tok/s",
         f"cost ${s['cost_usd']:.4f}{cap}" + (" (reported; no prices known)"
                                             if s["prices"] == "unknown" and cap else ""),
@@ -101,6 +104,10 @@ def progress_line(engine: Engine) -> str:
         parts.append("errors " + " ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())))
     if s["eta_s"] is not None:
         parts.append(f"ETA {_fmt_eta(s['eta_s'])}")
+    if s["store_problem"]:
+        sp = s["store_problem"]
+        parts.append(f"STORE: {sp['message']}: {sp['held_answers']} answers held; free space "
+                     "or press Ctrl-C")
     return " | ".join(parts)
 
 
@@ -161,7 +168,15 @@ class LiveView:
                        str(d["quarantined"]), str(d["pending"]), str(d["in_flight"]),
                        _fmt_int(d["rows_read"]), _fmt_int(d["prompt_tokens"]),
                        _fmt_int(d["completion_tokens"]) + budget, f"{d['cost_usd']:.4f}", frac)
-        parts: list[Any] = [head, dt]
+        parts: list[Any] = [head]
+        if s["limit_reason"]:
+            parts.append(Text(f"limit {s['limit']} of {s['max_concurrency']}: "
+                              f"{s['limit_reason']}", style="yellow"))
+        if s["store_problem"]:
+            sp = s["store_problem"]
+            parts.append(Text(f"{sp['message']}: {sp['held_answers']} answers held in memory; "
+                              "free space or press Ctrl-C", style="bold red"))
+        parts.append(dt)
         if s["providers"]:
             pt = Table(box=None, pad_edge=False, header_style="bold")
             for col in ("provider", "requests", "ok", "rejected", "quar.", "errors",

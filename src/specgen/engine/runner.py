@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,12 +27,14 @@ import orjson
 
 from ..client.types import ApiError
 from ..config import RunConfig
-from ..store import STORE_FILE, Store
+from ..store import STORE_FILE, Store, StoreError, check_writable
+from .ballast import Ballast
 from .budget import Budget, resolve_prices
 from .control import RunLock, clear_control
+from .outcome import EXIT_STOPPED, Outcome
 from .policy import ProviderPolicy, parse_endpoints
 from .resume import IncompatibleRunError, meta_for, move_aside, problems, refusal_message
-from .scheduler import Engine, Outcome
+from .scheduler import Engine
 from .shard import parse_shard
 from .stages import Stages, default_stages
 
@@ -45,6 +48,10 @@ RUN_GC_THRESHOLD = (50_000, 20, 100)
 
 class RunError(RuntimeError):
     """The run cannot start; the message says why and what to do."""
+
+
+class Unreachable(RuntimeError):
+    """The API could not be reached at start-up for longer than outage_timeout."""
 
 
 @dataclass
@@ -94,7 +101,13 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
         shard = parse_shard(opts.shard)
     except ValueError as exc:
         raise RunError(str(exc)) from None
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunError(f"cannot create the run dir {run_dir}: {exc.strerror or exc}") from None
+    problem = check_writable(run_dir)
+    if problem:
+        raise RunError(problem)
     lock = RunLock(run_dir)
     try:
         lock.acquire()
@@ -121,6 +134,10 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
             and not all(_is_local(u) for u in cfg.endpoint.base_url)):
         raise RunError(f"the API key is not set: export {key_env}=... (endpoint.api_key_env "
                        "names the variable; the key is never written anywhere)")
+    from ..config import empty_datasets
+
+    for ds in empty_datasets(cfg):
+        log.warning("dataset %r: %s has no rows; nothing will be sent for it", ds.name, ds.path)
     try:
         tokenizer = load_tokenizer(cfg.target.tokenizer)
         renderer = get_renderer(cfg.target.renderer, tokenizer, thinking=cfg.sampling.thinking)
@@ -138,8 +155,16 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
             if dest is not None:
                 log.warning("--force-new: the previous store was moved to %s", dest)
     stages = opts.stages or default_stages()
-    store = Store.create(run_dir)
+    try:
+        store = Store.create(run_dir)
+    except (StoreError, OSError, sqlite3.Error) as exc:
+        raise RunError(f"cannot open the run store in {run_dir}: {exc}") from None
     reader = Store.open(run_dir)
+    ballast = Ballast(run_dir, int(cfg.engine.ballast_mb * 2**20))
+    if ballast.size and not ballast.create():
+        log.warning("could not reserve %.0f MB in %s (ballast_mb): the disk is nearly full; "
+                    "answers held when it fills may have no room to be committed",
+                    cfg.engine.ballast_mb, run_dir)
     try:
         for k, v in meta_for(cfg, tokenizer_fingerprint=fingerprint, shard=shard_s).items():
             store.set_meta(k, v)
@@ -148,8 +173,9 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
         clear_control(run_dir)  # a stop request left for an earlier session
         with _collector_tuned():
             return asyncio.run(_main(cfg, opts, store, reader, renderer, tokenizer, stages,
-                                     shard, live))
+                                     shard, live, ballast))
     finally:
+        ballast.release()  # the reserve is for a running session only
         reader.close()
         store.close()
 
@@ -170,7 +196,8 @@ def _collector_tuned():
         gc.unfreeze()
 
 
-async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, live) -> Outcome:
+async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, live,
+                ballast=None) -> Outcome:
     from ..client import ChatClient
 
     sim = None
@@ -202,7 +229,8 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                             dialect_url=_dialect_url(cfg, policy),
                             threaded_commits=(cfg.engine.commit_thread
                                               if opts.threaded_commits is None
-                                              else opts.threaded_commits))
+                                              else opts.threaded_commits),
+                            ballast=ballast)
             t0 = time.monotonic()
             engine.load(retry_failed=opts.retry_failed)
             log.info("session %d started: %s; resumed state in %.2fs (%d open conversations)",
@@ -210,6 +238,10 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                                            for d in engine.datasets),
                      time.monotonic() - t0, engine.open_convs)
             return await _run_engine(engine, cfg, live)
+    except Unreachable as exc:
+        _end_session(store, session_id, "stopped", str(exc))
+        log.error("%s", exc)
+        return Outcome("stopped", f"{exc}; work left pending, rerun to resume", EXIT_STOPPED)
     except (KeyboardInterrupt, asyncio.CancelledError):
         _end_session(store, session_id, "stopped", "interrupted while starting")
         raise
@@ -253,7 +285,7 @@ async def _policy_and_prices(cfg: RunConfig, client) -> tuple[ProviderPolicy, An
     if _fetch_endpoints_wanted(cfg):
         path = f"models/{quote(cfg.target.model, safe='/')}/endpoints"
         try:
-            endpoints = parse_endpoints(await client.get_json(path))
+            endpoints = parse_endpoints(await _reachable_get(cfg, client, path))
         except ApiError as err:
             if err.kind == "auth":
                 raise RunError(f"the API refused the key while listing endpoints: {err}") from None
@@ -276,6 +308,32 @@ async def _policy_and_prices(cfg: RunConfig, client) -> tuple[ProviderPolicy, An
     if endpoints:
         await _check_key(cfg, client)
     return policy, prices
+
+
+async def _reachable_get(cfg: RunConfig, client, path: str) -> Any:
+    """GET `path`, waiting while the host cannot be reached at all (up to outage_timeout):
+    an API that is down for a minute at start-up delays the run, it does not end it."""
+    start = time.monotonic()
+    since = time.strftime("%Y-%m-%d %H:%M:%S")
+    wait = 1.0
+    while True:
+        try:
+            return await client.get_json(path)
+        except ApiError as err:
+            if err.kind != "unreachable":
+                raise
+            left = cfg.engine.outage_timeout - (time.monotonic() - start)
+            host = urlparse(err.base_url or "").hostname or err.base_url
+            if left <= 0:
+                raise Unreachable(f"endpoint unreachable since {since}: cannot reach {host} "
+                                  f"({err.message}); outage_timeout of "
+                                  f"{cfg.engine.outage_timeout:g}s reached") from None
+            if wait == 1.0:
+                log.warning("cannot reach %s (%s): waiting for it (the run stops if it stays "
+                            "unreachable for %gs, outage_timeout)", host, err.message,
+                            cfg.engine.outage_timeout)
+            await asyncio.sleep(min(wait, left))
+            wait = min(wait * 2, cfg.endpoint.outage_probe_max)
 
 
 async def _check_key(cfg: RunConfig, client) -> None:

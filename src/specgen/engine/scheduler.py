@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from array import array
-from dataclasses import dataclass
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -30,11 +30,18 @@ from ..store import Store, pack_ids, pack_json, unpack_json
 from .budget import Budget
 from .concurrency import AdaptiveLimit
 from .control import clear_control, read_control
+from .inflight_budget import InFlightBudget
+from .model_check import ModelCheck
+from .outage import EndpointHealth
+from .outcome import Outcome, decide
 from .policy import ProviderPolicy
+from .retry import RetryPolicy
 from .shard import Shard
 from .stages import Stages
 from .state import Conv, DsRun, Job
 from .stats import RunStats
+from .status_queries import failed_tasks_by_class
+from .store_guard import StoreGuard, rescue_results
 from .writer import StoreWriter
 
 log = logging.getLogger("specgen.engine")
@@ -49,13 +56,6 @@ READ_CHUNK = 2048  # rows read per pass at most (rows of other shards, duplicate
 _END = object()  # the source has no (more) rows
 
 
-@dataclass(slots=True)
-class Outcome:
-    state: str  # finished | stopped | failed
-    stop_reason: str
-    exit_code: int
-
-
 class Engine:
     """Runs one session over an opened store. Build it with `specgen.engine.runner`."""
 
@@ -66,6 +66,7 @@ class Engine:
         shard: Shard | None = None, drain_timeout: float | None = None,
         dialect_url: str | None = None,
         threaded_commits: bool = True,
+        ballast=None,
     ):
         self.cfg = cfg
         self.store = store
@@ -83,9 +84,21 @@ class Engine:
         self.drain_timeout = cfg.engine.drain_timeout if drain_timeout is None else drain_timeout
         self.limit = AdaptiveLimit(ep.concurrency, ep.min_concurrency,
                                    enabled=ep.adaptive_concurrency)
+        eng = cfg.engine
+        self.retry_policy = RetryPolicy(ep, retry_after_cap=eng.retry_after_cap,
+                                        shrink_max_tokens=cfg.budget.shrink_max_tokens)
+        self.health = EndpointHealth(outage_timeout=eng.outage_timeout,
+                                     probe_max=ep.outage_probe_max)
+        self.spend_window = InFlightBudget("usd" if budget.prices.known else "tokens")
+        self.model_check = ModelCheck(cfg.target.model, ep.accept_models)
+        self.inflight_weight = 0.0
+        self.stop_kind: str | None = None  # user | account | unreachable | store
+        self.failed_classes: Counter[str] = Counter()  # failed tasks by class, all sessions
         self.window = max(1, int(cfg.engine.admit_window * ep.concurrency))
         self.writer = StoreWriter(store, interval=cfg.engine.commit_interval,
                                   max_rows=cfg.engine.commit_rows, threaded=threaded_commits)
+        self.store_guard = StoreGuard(self.writer, store, ballast=ballast,
+                                      timeout=cfg.engine.store_error_timeout)
         self.stats = RunStats()
         self.datasets: list[DsRun] = []
         self.by_name: dict[str, DsRun] = {}
@@ -118,6 +131,8 @@ class Engine:
             if n:
                 log.info("--retry-failed: %d failed task(s) made pending again", n)
         table = store.datasets_table()
+        self.failed_classes.update({k: v["count"] for k, v in failed_tasks_by_class(
+            store, [d.name for d in cfg.datasets]).items()})
         task_counts = store.task_counts()
         conv_counts = store.conversation_counts()
         spend = store.spend()
@@ -340,6 +355,7 @@ class Engine:
                 task_id = self._new_task_id()
             self._task_row(task_id, c, step.turn, "failed", attempts, reason)
             c.ds.bump("failed")
+            self.failed_classes[reason.split(":", 1)[0]] += 1
             self._close(c, "failed", reason)
             return
         if task_id is None:
@@ -347,7 +363,8 @@ class Engine:
             self._task_row(task_id, c, step.turn, "pending", 0, None)
             c.ds.bump("pending")
         job = Job(task_id=task_id, conv=c, turn=step.turn, messages=list(step.messages),
-                  tools=step.tools, body=body, prompt_ids=prompt_ids, attempts=attempts)
+                  tools=step.tools, body=body, prompt_ids=prompt_ids, attempts=attempts,
+                  max_tokens=c.ds.max_tokens)
         c.ds.ready.append(job)
 
     def _new_task_id(self) -> int:
@@ -427,9 +444,14 @@ class Engine:
             if not ds.ready:
                 continue
             job = ds.ready[0]
-            verdict = self.budget.check(ds.name, len(job.prompt_ids), ds.max_tokens)
+            verdict = self.budget.check(ds.name, len(job.prompt_ids), job.max_tokens)
             if verdict == "ok":
                 ds.blocked = None
+                weight = self._weight(job)
+                if not self.spend_window.admits(weight, self.inflight_weight,
+                                                len(self.inflight)):
+                    return None  # the account's in-flight budget is full: wait for answers
+                job.weight = weight
                 return ds.ready.popleft()
             if verdict == "wait":
                 continue
@@ -454,11 +476,24 @@ class Engine:
             job.ds.ready.appendleft(job)
         return self.retries[0][0] - now if self.retries else None
 
-    def _launch(self, job: Job) -> None:
+    def _weight(self, job: Job) -> float:
+        """A request's estimated cost as the API estimates it (prompt + max_tokens at the
+        known prices; tokens when no prices are known)."""
+        n_prompt = len(job.prompt_ids)
+        if self.budget.prices.known:
+            return self.budget.worst_cost(n_prompt, job.max_tokens)
+        return float(n_prompt + job.max_tokens)
+
+    def _launch(self, job: Job, probe: bool = False) -> None:
         ds = job.ds
-        job.reservation = self.budget.reserve(ds.name, len(job.prompt_ids), ds.max_tokens)
+        job.reservation = self.budget.reserve(ds.name, len(job.prompt_ids), job.max_tokens)
         job.epoch = self.limit.epoch
         job.attempts += 1
+        job.probe = probe
+        if probe:
+            self.health.probe_sent()
+        job.weight_before = self.inflight_weight
+        self.inflight_weight += job.weight
         ds.in_flight += 1
         task = asyncio.get_running_loop().create_task(self._attempt(job))
         self.inflight[task] = job
@@ -468,6 +503,7 @@ class Engine:
         job = self.inflight.pop(task, None)
         if job is not None:
             job.ds.in_flight -= 1
+            self.inflight_weight = max(0.0, self.inflight_weight - job.weight)
             if job.reservation is not None:
                 self.budget.release(job.reservation)
                 job.reservation = None
@@ -490,14 +526,22 @@ class Engine:
         """Launch jobs while there is room under the limit. Called by the dispatch loop and
         after every finished attempt, so a burst of answers is replaced by new requests
         straight away rather than after the whole burst has been processed."""
-        while len(self.inflight) < self.limit.limit and not (self.stopping or self.fatal):
+        while len(self.inflight) < self.limit.limit and not self._halted():
+            gate = self.health.gate()  # None: no limit; 0: paused or down; 1: one probe
+            if gate == 0:
+                return
             job = self._pick()
             if job is None:
                 self._fill()  # the ready queues ran dry: admit more conversations
                 job = self._pick()
                 if job is None:
                     return
-            self._launch(job)
+            self._launch(job, probe=gate == 1)
+
+    def _halted(self) -> bool:
+        """No new requests: stopping, failing, or the store cannot take answers now."""
+        return bool(self.stopping or self.fatal or self.writer.problem
+                    or self.store_guard.holding)
 
     async def _dispatch(self) -> None:
         """Keep the limit's worth of requests in flight until there is nothing left to do,
@@ -510,6 +554,9 @@ class Engine:
 
     async def _dispatch_loop(self) -> None:
         while not (self.stopping or self.fatal):
+            if self.health.expired():
+                self.request_stop(self.health.stop_reason(), kind="unreachable")
+                break
             due_in = self._release_due()
             more = self._fill()
             self._top_up()
@@ -566,12 +613,13 @@ class Engine:
     def _on_error(self, job: Job, err: ApiError) -> None:
         pt, ct, cost = self._charge(job, err.usage)
         kind = err.kind
-        retryable = err.retryable
-        availability = err.availability
-        if kind == "no_endpoints" and availability and availability.get("retryable") is True:
-            retryable = True  # OpenRouter says the filter will match again soon
-        fatal_run = err.fatal_for_run and not retryable
-        outcome = f"retry:{kind}" if retryable else f"fatal:{kind}"
+        d = self.retry_policy.decide(
+            err, attempts=job.attempts, max_tokens=job.max_tokens,
+            prompt_cost=self.budget.prices.cost(len(job.prompt_ids), 0) or 0.0,
+            endpoint_down=self.health.down)
+        if not d.counts:
+            job.attempts -= 1  # an outage or a full in-flight budget says nothing of the task
+        outcome = f"retry:{kind}" if d.action in ("retry", "shrink") else f"fatal:{kind}"
         self._attempt_row(
             job, outcome, started=err.started_at or time.time(), base_url=err.base_url,
             provider=err.provider, model=err.model, first_byte=err.first_byte_at,
@@ -584,35 +632,90 @@ class Engine:
         p.prompt_tokens += pt
         p.completion_tokens += ct
         p.cost_usd += cost or 0.0
-        if self.limit.on_error(kind, job.epoch):
+        note = self.health.on_failure(kind, job.task_id, str(err)[:300],
+                                      responded=err.status is not None, probe=job.probe)
+        if note:
+            self._event("endpoint", None, err.provider, note)
+            log.warning("%s", note)
+        if kind == "in_flight_budget":
+            if self.spend_window.on_refused(job.weight_before, job.weight):
+                self._event("concurrency", None, err.provider, self._budget_note())
+                self._log_budget_note()
+        elif self.limit.on_error(kind, job.epoch):
             self._event("concurrency", None, err.provider,
                         f"{kind}: concurrency lowered to {self.limit.limit}")
         job.last_error = str(err)[:500]
-        if fatal_run:
+        if d.action in ("stop_run", "fail_run"):
             self._task_row(job.task_id, job.conv, job.turn, "pending", job.attempts, job.last_error)
             job.ds.ready.appendleft(job)  # stays pending: a later run sends it again
-            if not self.fatal:
-                self.fatal = _fatal_message(err)
+            if d.action == "stop_run":
+                if self.stop_kind != "account":
+                    self._event("account_limit", job.ds.name, err.provider, d.message)
+                    log.error("%s", d.message)
+                self.request_stop(d.message, kind="account")
+            elif not self.fatal:
+                self.fatal = d.message
                 self._event("fatal", job.ds.name, err.provider, self.fatal)
                 log.error("%s", self.fatal)
             return
-        if retryable:
-            self._retry_or_fail(job, kind, err.retry_after)
+        if d.action == "shrink":
+            job.shrunk_from = job.shrunk_from or job.max_tokens
+            job.max_tokens = d.max_tokens or job.max_tokens
+            job.body = {**job.body, "max_tokens": job.max_tokens}
+            self._event_once("max_tokens_shrunk", job.ds.name, None,
+                             f"402 weight_exceeds_budget: retrying with a smaller max_tokens "
+                             f"({d.message}); recorded on the sample")
+            self._schedule(job, 0.0)
+        elif d.action == "retry":
+            if d.pause is not None:
+                self._pause_endpoint(d.pause, err)
+            self._schedule(job, d.delay)
         else:
-            self._fail(job, kind, job.last_error)
+            self._fail(job, kind, d.message or job.last_error)
 
-    def _retry_or_fail(self, job: Job, kind: str, retry_after: float | None = None) -> None:
-        ep = self.cfg.endpoint
-        if job.attempts >= ep.max_attempts:
+    def _budget_note(self) -> str:
+        w = self.spend_window
+        cap = (f"${w.cap:.4f}" if w.unit == "usd" else f"{w.cap:,.0f} tokens") if w.cap else "-"
+        return (f"402 in_flight_budget_exhausted: the account's in-flight budget holds about "
+                f"{w.limit_for(self.limit.maximum)} requests like these (estimated cost in "
+                f"flight kept under {cap}); concurrency follows it")
+
+    def _log_budget_note(self) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_budget_logged", -1e9) >= 30:
+            self._budget_logged = now
+            log.warning("%s", self._budget_note())
+
+    def _pause_endpoint(self, seconds: float, err: ApiError) -> None:
+        """A Retry-After above retry_after_cap: every request waits, visibly."""
+        until = time.strftime("%H:%M:%S", time.localtime(time.time() + seconds))
+        why = (f"{err.kind} with Retry-After {seconds:.0f}s (above retry_after_cap = "
+               f"{self.cfg.engine.retry_after_cap:g}s): all requests paused until {until}")
+        if not self.health.pause(seconds, why):
+            return
+        self._event("endpoint", None, err.provider, why)
+        log.warning("%s", why)
+        if seconds > self.cfg.engine.outage_timeout:
+            self.request_stop(f"the API asks to wait {seconds:.0f}s (until {until}), longer "
+                              f"than outage_timeout = {self.cfg.engine.outage_timeout:g}s; "
+                              "rerun after then to resume", kind="unreachable")
+
+    def _retry_or_fail(self, job: Job, kind: str) -> None:
+        """Retry a rejected or quarantined answer, unless the task is out of attempts."""
+        if job.attempts >= self.cfg.endpoint.max_attempts:
             self._fail(job, kind, f"gave up after {job.attempts} attempts; last: {job.last_error}")
             return
+        ep = self.cfg.endpoint
+        self._schedule(job, backoff_delay(job.attempts, base=ep.retry_base_delay,
+                                          cap=ep.retry_max_delay))
+
+    def _schedule(self, job: Job, delay: float) -> None:
         self._task_row(job.task_id, job.conv, job.turn, "pending", job.attempts, job.last_error)
-        delay = backoff_delay(job.attempts, base=ep.retry_base_delay, cap=ep.retry_max_delay,
-                              retry_after=retry_after)
         job.not_before = time.monotonic() + delay
         heapq.heappush(self.retries, (job.not_before, next(self._seq), job))
 
     def _fail(self, job: Job, kind: str, error: str | None) -> None:
+        self.failed_classes[kind] += 1
         reason = f"{kind}: {error}" if error and not error.startswith(kind) else (error or kind)
         self._task_row(job.task_id, job.conv, job.turn, "failed", job.attempts, reason)
         job.ds.bump("pending", -1)
@@ -622,6 +725,10 @@ class Engine:
     def _on_answer(self, job: Job, resp: ChatResponse) -> None:
         ds = job.ds
         pt, ct, cost = self._charge(job, resp.usage)
+        note = self.health.on_answer(probe=job.probe)
+        if note:
+            self._event("endpoint", None, resp.provider, note)
+            log.warning("%s", note)
         provider = resp.provider
         pstats = self.stats.provider(provider)
         pstats.requests += 1
@@ -634,20 +741,26 @@ class Engine:
                       ended=resp.ended_at or None, status=getattr(resp, "http_status", None),
                       pt=pt, ct=ct, cost=cost, gen_id=resp.id)
         rejection = self.policy.rejection(provider)
+        if rejection is None:
+            rejection = self.model_check.rejection(resp.model)
         if rejection is not None:
             pstats.rejected += 1
             self.stats.rejections[rejection] += 1
             self.rejected_in_a_row += 1
+            what = (f"model {resp.model!r} (asked: {self.cfg.target.model!r})"
+                    if rejection == "wrong_model" else f"provider {provider!r}")
             if self.rejected_in_a_row >= REJECTION_BREAKER and not self.fatal:
+                fix = ("[endpoint] accept_models, or route to providers that serve the model"
+                       if rejection == "wrong_model"
+                       else "[endpoint.provider] against the endpoint list")
                 self.fatal = (
-                    f"provider policy: the last {self.rejected_in_a_row} answers were all "
-                    f"rejected (latest: {provider!r}, {rejection}); every answer is paid for, "
-                    "so the run stops — check [endpoint.provider] against the endpoint list")
+                    f"the last {self.rejected_in_a_row} answers were all rejected (latest: "
+                    f"{what}, {rejection}); every answer is paid for, so the run stops — "
+                    f"check {fix}")
                 self._event("fatal", ds.name, provider, self.fatal)
                 log.error("%s", self.fatal)
-            self._attempt_row(job, f"rejected:{rejection}", error=f"provider {provider!r}",
-                              **common)
-            job.last_error = f"answer from provider {provider!r} rejected: {rejection}"
+            self._attempt_row(job, f"rejected:{rejection}", error=what, **common)
+            job.last_error = f"answer from {what} rejected: {rejection}"
             self._event_once("rejected", ds.name, provider, job.last_error)
             self._retry_or_fail(job, "rejected")
             return
@@ -679,8 +792,13 @@ class Engine:
         if latency is not None:
             pstats.latency.add(latency)
         repairs = list(norm.repairs)
+        request = {"messages": job.messages, "tools": job.tools}
+        if job.shrunk_from is not None:  # sent smaller than configured: say so on the sample
+            repairs.append(f"max_tokens_shrunk:{job.shrunk_from}->{job.max_tokens}")
+            request["max_tokens"] = job.max_tokens
         pstats.repairs.update(repairs)
         self.limit.on_success()
+        self.spend_window.on_success(self.inflight_weight, len(self.inflight))
         self._attempt_row(job, "ok", **common)
         msg_json = message.to_openai()
         usage = resp.usage or {}
@@ -689,7 +807,7 @@ class Engine:
         self.writer.batch.results.append((
             job.task_id, job.conv.id, ds.name, job.turn, provider, resp.model,
             resp.finish_reason, resp.native_finish_reason,
-            pack_json({"messages": job.messages, "tools": job.tools}),
+            pack_json(request),
             orjson.dumps(msg_json).decode(), pack_ids(input_ids), len(job.prompt_ids),
             pack_ids(resp.prompt_token_ids) if resp.prompt_token_ids is not None else None,
             pack_ids(resp.completion_token_ids) if resp.completion_token_ids is not None else None,
@@ -741,8 +859,12 @@ class Engine:
             self._event(kind, dataset, provider, detail)
             log.warning("%s", detail)
 
-    def request_stop(self, why: str, now: bool = False) -> None:
-        """First call: stop dispatching and drain. A second call (or now=True): cancel."""
+    def request_stop(self, why: str, now: bool = False, kind: str = "user") -> None:
+        """First call: stop dispatching and drain. A second call (or now=True): cancel.
+        `kind`: who stops it — user, account (a spent budget), unreachable, store."""
+        if self.stopping is not None and kind != "user":
+            return  # already stopping; only the user escalates a drain to a cancel
+        self.stop_kind = self.stop_kind or kind
         if now or self.stopping == "drain":
             if self.stopping != "now":
                 self.stopping = "now"
@@ -777,8 +899,11 @@ class Engine:
         rps, tps = self.stats.rate.rates()
         return {
             "session": self.session_id, "ts": time.time(), "stopping": self.stopping,
-            "in_flight": len(self.inflight), "concurrency_limit": self.limit.limit,
+            "in_flight": len(self.inflight), "concurrency_limit": self.concurrency()[0],
+            "concurrency_reason": self.concurrency()[1],
             "max_concurrency": self.limit.maximum, "concurrency_backoffs": self.limit.backoffs,
+            "in_flight_budget": self.spend_window.to_json(), "endpoint": self.health.to_json(),
+            "store_problem": self.store_problem(),
             "retrying": len(self.retries), "open_conversations": self.open_convs,
             "requests_per_s": round(rps, 3), "completion_tokens_per_s": round(tps, 1),
             "errors": dict(self.stats.errors),
@@ -786,6 +911,30 @@ class Engine:
             "prices": self.budget.prices.to_json(),
             "reserved_cost_usd": round(self.budget.reserved_cost, 6),
         }
+
+    def concurrency(self) -> tuple[int, str | None]:
+        """The in-flight limit now, and why it is below the configured one (None if not)."""
+        limit, why = self.limit.limit, None
+        if limit < self.limit.maximum:
+            why = f"adaptive: {self.limit.last_reason or 'congestion'} answers"
+        fits = self.spend_window.limit_for(self.limit.maximum)
+        if fits < limit:
+            limit, why = fits, "the account's in-flight spending budget (402 in_flight_budget)"
+        state = self.health.to_json()
+        if state["state"] == "down":
+            limit, why = 1, f"endpoint down ({state.get('reason')}): one probe at a time"
+        elif state["state"] == "paused":
+            limit, why = 0, f"paused: {state.get('reason')}"
+        if self.store_guard.holding:
+            limit, why = 0, f"store: {self.store_guard.holding}"
+        return limit, why
+
+    def store_problem(self) -> dict[str, Any] | None:
+        p = self.writer.problem
+        if p is None:
+            return None
+        return {"kind": p.kind, "message": p.message, "since": p.since,
+                "held_answers": self.writer.held_results}
 
     def write_live_file(self) -> None:
         path = self.store.path.parent / LIVE_FILE
@@ -827,9 +976,37 @@ class Engine:
                 self.write_live_file()
             if self.writer.due() or self.writer.batch.session is not None:
                 self.stage_datasets()
-                await self.writer.flush_async()
+                self._after_commit(await self.writer.flush_async())
             if on_tick is not None:
                 on_tick()
+
+    def _after_commit(self, flushed: bool) -> None:
+        verdict = self.store_guard.check(flushed)
+        if verdict.note:
+            self._event("store", None, None, verdict.note)
+        if verdict.stop:
+            self.request_stop(verdict.stop, kind="store")
+        elif verdict.halt is None and flushed:
+            self._wake.set()
+
+    async def _settle_store(self) -> None:
+        """Commit the session's last rows, waiting out a store problem as long as
+        store_error_timeout allows; what cannot be committed is written to a rescue file."""
+        while True:
+            self.stage_datasets()
+            if await self.writer.flush_async():
+                return
+            verdict = self.store_guard.check(False)
+            if verdict.stop or self.stopping == "now":
+                break
+            await asyncio.sleep(1.0)
+        held = self.writer.held_results
+        where = rescue_results(self.writer.batch, self.store.path.parent, self.session_id)
+        saved = f"; they were written to {where}" if where else ""
+        problem = self.writer.problem
+        self.fatal = (f"store error: {problem.message if problem else 'commit failed'}; "
+                      f"{held} answer(s) could not be committed{saved}")
+        log.error("%s", self.fatal)
 
     # ---------------------------------------------------------------------------------------
     # the session
@@ -847,6 +1024,7 @@ class Engine:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
             await self.writer.wait_idle()
+        await self._settle_store()
         return self._finish()
 
     async def _drain(self) -> None:
@@ -875,40 +1053,29 @@ class Engine:
     def _finish(self) -> Outcome:
         for ds in self.datasets:
             self._refresh_state(ds)
-        if self.fatal:
-            state, reason, code = "failed", self.fatal, 1
-        elif self.stopping:
-            pending = sum(ds.tasks.get("pending", 0) for ds in self.datasets)
-            state, reason = "stopped", f"{self.stop_reason} ({pending:,} task(s) left pending)"
-            code = 0 if self.stopping == "drain" and "drain timeout" not in reason else 3
-        else:
-            state, code = "finished", 0
-            blocked = [ds for ds in self.datasets if ds.state == "budget_reached"]
-            limited = [ds for ds in self.datasets if ds.state == "limit_reached"]
-            parts = []
-            if blocked:
-                parts.append("budget reached: " + ", ".join(ds.name for ds in blocked))
-            if limited:
-                parts.append("limit reached: " + ", ".join(ds.name for ds in limited))
-            reason = "; ".join(parts) or "all datasets done"
-        self.final_state = state
-        self._event("session_end", None, None, f"{state}: {reason}")
+        reached = []
+        for state, label in (("budget_reached", "budget reached"),
+                             ("limit_reached", "limit reached")):
+            names = [ds.name for ds in self.datasets if ds.state == state]
+            if names:
+                reached.append(f"{label}: {', '.join(names)}")
+        outcome = decide(
+            fatal=self.fatal, stopping=self.stopping, stop_reason=self.stop_reason,
+            pending=sum(ds.tasks.get("pending", 0) for ds in self.datasets),
+            failed=self.failed_by_class(), done_note="; ".join(reached))
+        self.final_state = outcome.state
+        self._event("session_end", None, None, f"{outcome.state}: {outcome.stop_reason}")
         self.stage_datasets()
-        self.writer.batch.session = (time.time(), state, reason, time.time(), self.session_id)
-        self.writer.flush()
+        self.writer.batch.session = (time.time(), outcome.state, outcome.stop_reason,
+                                     time.time(), self.session_id)
+        if not self.writer.flush():
+            log.error("could not record the end of the session in the store")
         self.write_live_file()
-        return Outcome(state, reason, code)
+        return outcome
 
-
-def _fatal_message(err: ApiError) -> str:
-    hints = {
-        "auth": "check the API key in the environment variable named by endpoint.api_key_env",
-        "credits": "add credits (or raise the key's limit), then rerun the same command to "
-                   "resume",
-        "no_endpoints": "no provider matches the model and the provider policy; relax "
-                        "[endpoint.provider] or check the model name, then rerun to resume",
-    }
-    return f"{err} — {hints.get(err.kind, 'fix the cause and rerun to resume')}"
+    def failed_by_class(self) -> dict[str, int]:
+        """Failed tasks of the configured datasets by error class (every session's)."""
+        return {k: v for k, v in self.failed_classes.items() if v > 0}
 
 
 def _response_json(resp: ChatResponse) -> dict[str, Any]:

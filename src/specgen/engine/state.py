@@ -104,6 +104,11 @@ class Job:
     epoch: int = 0
     reservation: Reservation | None = None
     last_error: str | None = None
+    max_tokens: int = 0  # as sent (the dataset's, unless a 402 made it shrink)
+    shrunk_from: int | None = None  # the dataset's max_tokens when it was shrunk
+    weight: float = 0.0  # estimated cost while in flight (in-flight budget)
+    weight_before: float = 0.0  # in-flight weight when it was sent
+    probe: bool = False  # sent to probe an endpoint that is down
 
     @property
     def ds(self) -> DsRun:

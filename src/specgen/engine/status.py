@@ -17,6 +17,7 @@ import orjson
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .scheduler import LIVE_FILE
+from .status_queries import failed_tasks_by_class
 
 
 def _live(run_dir: Path) -> dict[str, Any] | None:
@@ -40,6 +41,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         kept = store.result_totals()
         quarantine = store.quarantine_counts()
         providers = store.provider_totals()
+        failures = failed_tasks_by_class(store)
     hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
     last = sessions[-1] if sessions else None
@@ -78,7 +80,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             "samples": int(k.get("samples", 0)),
             "samples_completion_tokens": int(k.get("completion_tokens", 0)),
             "attempts": int(s.get("attempts", 0)),
-            "state": row.get("state", "active"),
+            "state": dataset_state(row.get("state", "active"), done, failed, pending),
             "rows_read": row.get("rows_read", 0), "rows_invalid": row.get("rows_invalid", 0),
             "rows_duplicate": row.get("rows_duplicate", 0),
             "rows_other_shard": row.get("rows_other_shard", 0),
@@ -103,6 +105,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "sessions": len(sessions),
         "providers": providers,
         "quarantined": sum(d["quarantined"] for d in datasets.values()),
+        "failed": sum(d["failed"] for d in datasets.values()),
+        "failures": failures,
     }
     if last is not None:
         out["session"] = {
@@ -115,5 +119,16 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             and now - float(live.get("ts", 0)) <= heartbeat_timeout(hb_interval):
         out["live"] = live
         out["concurrency"] = live.get("concurrency_limit")
+        out["concurrency_reason"] = live.get("concurrency_reason")
         out["in_flight"] = live.get("in_flight")
+        out["endpoint"] = live.get("endpoint")
+        out["store_problem"] = live.get("store_problem")
     return out
+
+
+def dataset_state(state: str, done: int, failed: int, pending: int) -> str:
+    """What a dataset's state means to a reader: a dataset whose work is over but whose
+    tasks failed is never shown as plainly "done"."""
+    if state != "done" or not failed:
+        return state
+    return "failed" if not done and not pending else "done_with_failures"

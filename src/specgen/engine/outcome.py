@@ -1,0 +1,44 @@
+"""How a session ended, and the exit code that says it truthfully (docs/engine.md, "Exit
+codes"). 0 only when every task ended done or quarantined by policy (datasets that reached
+their budget or limit count as done: that is the work asked for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a fatal error: bad key, no endpoint, bad row, internal or store error
+EXIT_USAGE = 2  # could not start: bad config, missing key, incompatible store, dir in use
+EXIT_CANCELLED = 3  # stopped with in-flight requests cancelled (--now, second Ctrl-C, drain)
+EXIT_INCOMPLETE = 4  # ran to the end, but some tasks failed (see --retry-failed)
+EXIT_STOPPED = 5  # stopped with work left pending: a stop, an account budget, an outage,
+#                   a full disk; rerun to resume
+
+
+@dataclass(slots=True)
+class Outcome:
+    state: str  # finished | incomplete | stopped | failed
+    stop_reason: str
+    exit_code: int
+
+
+def decide(*, fatal: str | None, stopping: str | None, stop_reason: str | None,
+           pending: int, failed: dict[str, int], done_note: str) -> Outcome:
+    """The session's outcome. `failed`: failed tasks by error class (all sessions);
+    `done_note`: what the datasets reached (budgets, limits)."""
+    if fatal:
+        return Outcome("failed", fatal, EXIT_FAILED)
+    if stopping:
+        reason = f"{stop_reason} ({pending:,} task(s) left pending)"
+        cancelled = stopping == "now" or "drain timeout" in (stop_reason or "")
+        return Outcome("stopped", reason, EXIT_CANCELLED if cancelled else EXIT_STOPPED)
+    n_failed = sum(failed.values())
+    if n_failed:
+        by_class = ", ".join(f"{k} {v:,}" for k, v in sorted(failed.items(),
+                                                             key=lambda kv: -kv[1]))
+        reason = f"{n_failed:,} task(s) failed ({by_class})"
+        if done_note:
+            reason += f"; {done_note}"
+        return Outcome("incomplete", reason, EXIT_INCOMPLETE)
+    return Outcome("finished", done_note or "all datasets done", EXIT_OK)

@@ -1,0 +1,29 @@
+"""Read-only questions about a run's store that the engine, `status` and the run summary
+share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..store import Store
+
+
+def failed_tasks_by_class(store: Store, datasets: Sequence[str] | None = None
+                          ) -> dict[str, dict[str, Any]]:
+    """Failed tasks by error class (the first word of `tasks.error`):
+    {class: {"count", "last_error", "datasets": {name: count}}}, most frequent first."""
+    sql = "SELECT dataset, error FROM tasks WHERE status='failed'"
+    args: list[Any] = []
+    if datasets:
+        sql += f" AND dataset IN ({','.join('?' * len(datasets))})"
+        args.extend(datasets)
+    out: dict[str, dict[str, Any]] = {}
+    for dataset, error in store.conn.execute(sql + " ORDER BY id", args):
+        # "kind: …" or "kind HTTP 403: …" (a class name has no blanks)
+        kind = ((error or "").split(":", 1)[0].split() or ["unknown"])[0]
+        entry = out.setdefault(kind, {"count": 0, "last_error": None, "datasets": {}})
+        entry["count"] += 1
+        entry["last_error"] = error
+        entry["datasets"][dataset] = entry["datasets"].get(dataset, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["count"]))

@@ -1,0 +1,160 @@
+"""While the process lives no paid answer is lost to the store (disk full, a read-only or
+vanished run dir, a corrupt file).
+
+When a commit fails the writer keeps every row in memory (`StoreWriter.problem`); this guard
+decides what the engine does about it: stop sending new requests at once (answers of the
+requests already in flight still arrive and are held too), free the ballast reserved at start
+so the answers in hand can be committed, say on the terminal what is held and what to do, and
+resume once the store takes commits and the space is back — or stop the run cleanly after
+`store_error_timeout`. It also notices a store file deleted under the running engine and
+writes it back from the open connection.
+
+`StoreGuard.check(flushed)` is the one entry point, called after every commit attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("specgen.engine")
+
+SAY_EVERY = 15.0  # seconds between repeated "answers held" messages
+
+
+@dataclass(slots=True)
+class Verdict:
+    halt: str | None = None  # why no new requests may be sent (None: dispatch freely)
+    stop: str | None = None  # the run must stop (clean, resumable)
+    note: str | None = None  # something to record as an event
+
+
+class StoreGuard:
+    def __init__(self, writer, store, *, ballast=None, timeout: float = 600.0,
+                 clock: Callable[[], float] = time.time):
+        self.writer = writer
+        self.store = store
+        self.ballast = ballast
+        self.timeout = timeout
+        self.clock = clock
+        self.holding: str | None = None  # set while dispatch is halted for the store
+        self.holding_since = 0.0
+        self._said = 0.0
+
+    def check(self, flushed: bool) -> Verdict:
+        """After a commit attempt (`flushed`: everything buffered is committed)."""
+        problem = self.writer.problem
+        if problem is not None:
+            return self._failing(problem)
+        vanished = self._identity()
+        if vanished is not None:
+            return vanished
+        if self.holding is None:
+            return Verdict()
+        if self.ballast is not None and not self.ballast.present:
+            if not self.ballast.restore():
+                self._say(f"store commits again, but the disk is still nearly full: new "
+                          f"requests stay paused until there is room for the "
+                          f"{self.ballast.size / 2**20:.0f} MB reserve")
+                stop = None
+                if self.clock() - self.holding_since >= self.timeout:
+                    stop = (f"the run dir's disk stayed full for {self.timeout:g}s "
+                            "(store_error_timeout); every answer received is committed")
+                return Verdict(halt=self.holding, stop=stop)
+        note = f"the store takes commits again ({self.holding}); dispatching resumes"
+        log.warning("%s", note)
+        self.holding = None
+        return Verdict(note=note)
+
+    def _failing(self, problem) -> Verdict:
+        held = self.writer.held_results
+        if self.holding is None:
+            self.holding = f"{problem.kind}: {problem.message}"
+            self.holding_since = problem.since
+            freed = self.ballast is not None and self.ballast.release()
+            log.error("%s: %d answer(s) held in memory, no new requests%s; %s",
+                      problem.message, held,
+                      " (released the space reserved at start)" if freed else "",
+                      _advice(problem.kind))
+            self._said = self.clock()
+            note = f"store error ({problem.kind}): {problem.message}; {held} answer(s) held"
+            return Verdict(halt=self.holding, note=note, stop=self._expired(problem))
+        self._say(f"{problem.message}: {held} answer(s) held; {_advice(problem.kind)}")
+        return Verdict(halt=self.holding, stop=self._expired(problem))
+
+    def _expired(self, problem) -> str | None:
+        if problem.kind == "corrupt":
+            return f"the store is damaged ({problem.message}); stopping"
+        if self.clock() - problem.since >= self.timeout:
+            return (f"{problem.message} for {self.timeout:g}s (store_error_timeout); "
+                    f"{self.writer.held_results} answer(s) could not be committed")
+        return None
+
+    def _identity(self) -> Verdict | None:
+        check = getattr(self.store, "identity_problem", None)
+        problem = check() if check is not None else None
+        if problem is None:
+            return None
+        restored = self.store.restore_to_path()
+        what = ("written back from the open connection, nothing lost" if restored
+                else "could not be written back")
+        message = f"{self.store.path} was {problem} while the run was writing to it: {what}"
+        log.error("%s; stopping", message)
+        return Verdict(stop=message, note=message)
+
+    def _say(self, text: str) -> None:
+        now = self.clock()
+        if now - self._said >= SAY_EVERY:
+            self._said = now
+            log.warning("%s", text)
+
+
+def _advice(kind: str) -> str:
+    return {
+        "disk_full": "free space on the run dir's disk (or press Ctrl-C to stop cleanly)",
+        "read_only": "make the run dir writable again (or press Ctrl-C to stop cleanly)",
+        "missing": "the run dir vanished; restore it (or press Ctrl-C)",
+        "locked": "another process holds the store; stop it (or press Ctrl-C)",
+    }.get(kind, "press Ctrl-C to stop cleanly")
+
+
+def rescue_results(batch, run_dir, session: int) -> str | None:
+    """Last resort when the store never took the session's last answers: write the held
+    results as JSON lines (ids unpacked) next to the store, else in the temp dir. Returns the
+    path written, or None when there was nothing to save or nowhere to save it."""
+    import os
+    import tempfile
+
+    import orjson
+
+    from ..store import RESULT_INSERT_COLUMNS, unpack_ids, unpack_json
+
+    rows = list(getattr(batch, "results", ()) or ())
+    if not rows:
+        return None
+    names = [c.strip() for c in RESULT_INSERT_COLUMNS.split(",")]
+    lines = []
+    for row in rows:
+        rec = dict(zip(names, row, strict=False))
+        for key in ("input_ids", "true_prompt_ids", "true_completion_ids"):
+            rec[key] = unpack_ids(rec.get(key))
+        rec["request"] = unpack_json(rec.get("request"))
+        lines.append(orjson.dumps(rec, default=str))
+    data = b"\n".join(lines) + b"\n"
+    name = f"rescued-session-{session}-{int(time.time())}.jsonl"
+    for folder in (str(run_dir), tempfile.gettempdir()):
+        path = os.path.join(folder, name)
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return path
+        except OSError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return None
