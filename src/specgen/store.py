@@ -623,7 +623,7 @@ class Store:
                 self.conn.backup(dst)
             finally:
                 dst.close()
-            _fsync_path(tmp)
+            fsync_path(tmp)
         except (sqlite3.Error, OSError):
             if tmp is not None:
                 for name in (tmp, tmp + "-journal"):
@@ -642,7 +642,7 @@ class Store:
             except FileNotFoundError:
                 pass
         os.replace(tmp, path)
-        _fsync_path(folder)
+        fsync_path(folder)
         self.conn = _connect_rw(path)
         self.conn.execute("SELECT 1 FROM meta LIMIT 1").fetchone()  # opens the -wal/-shm
         self._remember_files()
@@ -820,7 +820,8 @@ RESULT_INSERT_COLUMNS = (
 )
 
 
-def _fsync_path(path: str) -> None:
+def fsync_path(path: str | Path) -> None:
+    """fsync a file (or a directory) by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -111,14 +111,17 @@ class StoreWriter:
             return True
         batch, convs = self._take()
         self._in_commit = batch
+        return self._commit_here(batch, convs)
+
+    def _commit_here(self, batch: Batch, convs: set[tuple[str, str]]) -> bool:
+        """Commit on this thread; hold the rows when the store refuses."""
         try:
             self._commit(batch)
         except StoreWriteError as exc:
             self._settle(batch, convs, exc)
             return False
         except BaseException:
-            self._in_commit = None
-            self.last_flush = time.monotonic()
+            self._settle(batch, convs, None, bug=True)
             raise
         self._settle(batch, convs, None)
         return True
@@ -142,16 +145,7 @@ class StoreWriter:
         self._in_commit_convs = convs
         self._in_commit = batch
         if not self.threaded:
-            try:
-                self._commit(batch)
-            except StoreWriteError as exc:
-                self._settle(batch, convs, exc)
-                return False
-            except BaseException:
-                self._settle(batch, convs, None, bug=True)
-                raise
-            self._settle(batch, convs, None)
-            return True
+            return self._commit_here(batch, convs)
         fut = asyncio.ensure_future(asyncio.to_thread(self._commit, batch))
         self._flushing = fut
         fut.add_done_callback(self._flush_done)

@@ -16,6 +16,8 @@ import re
 import shutil
 from pathlib import Path
 
+from ..store import fsync_path
+
 TMP_INFIX = ".tmp-"
 _TMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 
@@ -34,17 +36,9 @@ def parse_temp_name(name: str) -> tuple[str, int] | None:
 def pid_alive(pid: int) -> bool:
     """Whether a process `pid` runs on this machine (this process counts as not running: a
     temporary name with our own pid is a leftover of an earlier process that had it)."""
-    if pid == os.getpid() or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    except OSError:
-        return False
-    return True
+    from ..engine.control import pid_alive as alive
+
+    return pid != os.getpid() and alive(pid)
 
 
 def remove_stale(directory: Path, names: set[str] | None = None) -> list[Path]:
@@ -85,11 +79,7 @@ def remove(path: Path) -> None:
 
 
 def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
 
 
 def fsync_dir(path: Path) -> None:
