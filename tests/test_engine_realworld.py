@@ -295,3 +295,18 @@ def test_failed_tasks_exit_nonzero_and_retry_failed_grants_fresh_attempts(tmp_pa
         attempts = [n for (n,) in s.conn.execute("SELECT attempts FROM tasks")]
     assert attempts == [1] * 5  # a fresh attempt budget, not the 2 already spent
     check_store(tmp_path / "run-dir")
+
+
+def test_an_empty_dataset_warns_and_the_rest_runs(tmp_path):
+    sim = SimProcess(tmp_path, CLEAN, name="plain")
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(3))
+        (tmp_path / "empty.jsonl").write_text("\n\n")
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"},
+                                                {"name": "nothing", "path": "empty.jsonl"}])
+        res = run_cli(path)
+    finally:
+        sim.stop()
+    assert res.returncode == EXIT_OK, (res.stdout, res.stderr)
+    assert "dataset 'nothing'" in res.stderr and "has no rows" in res.stderr
+    assert run_status(tmp_path / "run-dir")["datasets"]["a"]["done"] == 3
