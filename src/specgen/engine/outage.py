@@ -69,12 +69,6 @@ class EndpointHealth:
     def probe_sent(self) -> None:
         self._probe_in_flight = True
 
-    def counts(self, kind: str) -> bool:
-        """Does a failed attempt of this class count against the task's max_attempts?"""
-        if kind == "unreachable":
-            return False
-        return not (self.down and kind in STORM_KINDS)
-
     def expired(self) -> bool:
         return (self.down_since is not None
                 and self.clock() - self.down_since >= self.outage_timeout)

@@ -20,6 +20,8 @@ from ..config import EndpointConfig
 Action = Literal["retry", "shrink", "fail_task", "stop_run", "fail_run"]
 # Refusals that say nothing about the request: never counted against max_attempts.
 UNCOUNTED = frozenset({"unreachable", "in_flight_budget"})
+# What a down endpoint does to requests: not counted while it is down.
+DOWN_KINDS = frozenset({"server", "overloaded", "connection", "timeout"})
 _BUDGET_NAMES = {
     "openrouter_guardrail_budget": "guardrail budget",
     "openrouter_workspace_budget": "workspace budget",
@@ -66,8 +68,7 @@ class RetryPolicy:
                 "budget: lower max_tokens, add credits, or set [budget] shrink_max_tokens"))
         if not err.retryable:
             return Decision("fail_task", message=str(err))
-        counts = kind not in UNCOUNTED and not (endpoint_down and kind in ("server",
-                                                                            "overloaded"))
+        counts = kind not in UNCOUNTED and not (endpoint_down and kind in DOWN_KINDS)
         if counts and attempts >= self.ep.max_attempts:
             return Decision("fail_task", message=f"gave up after {attempts} attempts; "
                                                  f"last: {err}")
