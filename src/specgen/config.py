@@ -151,6 +151,17 @@ class EngineConfig:
 
 
 @dataclass
+class QualityConfig:
+    """What a sample must show to be kept (docs/quality.md)."""
+
+    count_witness: bool = True  # check every sample against the provider's own token counts
+    # a sample whose counts contradict ours: quarantined (default), or stored as a
+    # `mismatch` that no default export includes ("flag" warns once per provider, "keep" not)
+    on_count_mismatch: Literal["quarantine", "flag", "keep"] = "quarantine"
+    require_witness: bool = False  # drop samples no count backs (`unverified`)
+
+
+@dataclass
 class SimSection:
     config: Path | None = None
     seed: int = 0
@@ -166,6 +177,7 @@ class RunConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     sim: SimSection = field(default_factory=SimSection)
+    quality: QualityConfig = field(default_factory=QualityConfig)
     source: Path | None = None  # the TOML file this came from
 
     def dataset(self, name: str) -> DatasetConfig:
@@ -329,6 +341,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         budget=build_table(BudgetConfig, raw.get("budget", {}), "budget", where),
         engine=build_table(EngineConfig, raw.get("engine", {}), "engine", where),
         sim=build_table(SimSection, raw.get("sim", {}), "sim", where),
+        quality=build_table(QualityConfig, raw.get("quality", {}), "quality", where),
         datasets=[
             build_table(DatasetConfig, d, f"dataset[{i}]", where) for i, d in enumerate(datasets_raw)
         ],
@@ -373,7 +386,8 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     return cfg
 
 
-TOP_LEVEL_KEYS = {"run_dir", "target", "endpoint", "sampling", "budget", "engine", "sim"}
+TOP_LEVEL_KEYS = {"run_dir", "target", "endpoint", "sampling", "budget", "engine", "sim",
+                  "quality"}
 SECRET_HEADERS = {"authorization", "x-api-key", "api-key", "proxy-authorization", "cookie"}
 
 

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS results(
   finish_reason TEXT, native_finish_reason TEXT, request BLOB NOT NULL, message TEXT NOT NULL,
   input_ids BLOB NOT NULL, n_prompt INTEGER NOT NULL, true_prompt_ids BLOB,
   true_completion_ids BLOB, prompt_tokens INTEGER, completion_tokens INTEGER,
-  reasoning_tokens INTEGER, cost_usd REAL, repairs TEXT, latency_s REAL, created_at REAL);
+  reasoning_tokens INTEGER, cost_usd REAL, repairs TEXT, latency_s REAL, created_at REAL,
+  count_check TEXT);
 CREATE INDEX IF NOT EXISTS results_conversation ON results(conversation, turn);
 CREATE TABLE IF NOT EXISTS quarantine(
   id INTEGER PRIMARY KEY, task INTEGER, dataset TEXT, provider TEXT, reason TEXT NOT NULL,
@@ -89,6 +90,10 @@ CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, session INTEGER, kind TEXT NOT NULL,
   dataset TEXT, provider TEXT, detail TEXT);
 """
+
+
+# Columns added to a table after its first release; `Store.create` adds them to older stores.
+ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {"results": (("count_check", "TEXT"),)}
 
 
 class StoreError(Exception):
@@ -331,6 +336,9 @@ class ResultRow:
     repairs: list[str]
     latency_s: float | None
     created_at: float | None
+    # what the provider's own token counts say of the sample (quality.witness): exact,
+    # repaired, unverified, mismatch or true_ids; None for samples stored before the check
+    count_check: str | None = None
 
     @property
     def loss_mask(self) -> list[int]:
@@ -341,7 +349,7 @@ RESULT_COLUMNS = (
     "r.task, r.conversation, c.conv_id, r.dataset, r.turn, r.provider, r.model, "
     "r.finish_reason, r.native_finish_reason, r.request, r.message, r.input_ids, r.n_prompt, "
     "r.true_prompt_ids, r.true_completion_ids, r.prompt_tokens, r.completion_tokens, "
-    "r.reasoning_tokens, r.cost_usd, r.repairs, r.latency_s, r.created_at"
+    "r.reasoning_tokens, r.cost_usd, r.repairs, r.latency_s, r.created_at, r.count_check"
 )
 
 
@@ -355,7 +363,7 @@ def decode_result_row(row: tuple) -> ResultRow:
         true_prompt_ids=unpack_ids(row[13]), true_completion_ids=unpack_ids(row[14]),
         prompt_tokens=row[15], completion_tokens=row[16], reasoning_tokens=row[17],
         cost_usd=row[18], repairs=orjson.loads(row[19]) if row[19] else [],
-        latency_s=row[20], created_at=row[21],
+        latency_s=row[20], created_at=row[21], count_check=row[22],
     )
 
 
@@ -385,6 +393,7 @@ class Store:
         conn.executescript(SCHEMA)
         store = cls(path, conn, readonly=False)  # after the schema: the -wal/-shm exist
         store._rebuild_totals_if_missing()
+        store._add_missing_columns()
         version = store.get_meta("schema_version")
         if version is None:
             store.set_meta("schema_version", str(SCHEMA_VERSION))
@@ -428,6 +437,22 @@ class Store:
         except BaseException:
             _rollback_quietly(c)
             raise
+
+    def _result_columns(self) -> str:
+        """RESULT_COLUMNS, with NULL for columns an older store (opened read-only) lacks."""
+        have = {row[1] for row in self.conn.execute("PRAGMA table_info(results)")}
+        cols = RESULT_COLUMNS
+        for name, _decl in ADDED_COLUMNS["results"]:
+            if name not in have:
+                cols = cols.replace(f"r.{name}", f"NULL AS {name}")
+        return cols
+
+    def _add_missing_columns(self) -> None:
+        """Columns added since a store was created (same schema version: additive only)."""
+        have = {row[1] for row in self.conn.execute("PRAGMA table_info(results)")}
+        for name, decl in ADDED_COLUMNS["results"]:
+            if name not in have:
+                self.conn.execute(f"ALTER TABLE results ADD COLUMN {name} {decl}")
 
     def _attempt_groups(self) -> list[tuple]:
         """(dataset, provider, outcome, attempts, prompt, completion, cost, cost_known) rows:
@@ -473,7 +498,7 @@ class Store:
         """`iter_results` undecoded (rows of `RESULT_COLUMNS`), for readers such as verify that
         report a corrupt blob instead of stopping at it."""
         sql = (
-            f"SELECT {RESULT_COLUMNS} FROM results r "
+            f"SELECT {self._result_columns()} FROM results r "
             "LEFT JOIN conversations c ON c.id = r.conversation "
             "LEFT JOIN datasets d ON d.name = r.dataset "
         )
@@ -816,7 +841,8 @@ ATTEMPT_COLUMNS = (
 RESULT_INSERT_COLUMNS = (
     "task, conversation, dataset, turn, provider, model, finish_reason, native_finish_reason, "
     "request, message, input_ids, n_prompt, true_prompt_ids, true_completion_ids, "
-    "prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, repairs, latency_s, created_at"
+    "prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, repairs, latency_s, created_at, "
+    "count_check"
 )
 
 

@@ -83,10 +83,17 @@ def print_status(s: dict) -> None:
         console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
     if s["providers"]:
         p = Table(box=None, header_style="bold")
-        for col in ("provider", "attempts", "outcomes", "compl. tok", "cost $"):
-            p.add_column(col, justify="left" if col in ("provider", "outcomes") else "right")
+        for col in ("provider", "attempts", "outcomes", "samples by count check", "compl. tok",
+                    "cost $"):
+            p.add_column(col, justify="left" if col in ("provider", "outcomes",
+                                                        "samples by count check") else "right")
+        witness = s.get("count_witness") or {}
         for name, v in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
             outcomes = " ".join(f"{k}={n}" for k, n in sorted(v["outcomes"].items()))
-            p.add_row(name, str(v["requests"]), outcomes, f"{v['completion_tokens']:,}",
-                      f"{v['cost_usd']:.4f}")
+            checks = " ".join(f"{k}={n}" for k, n in sorted(v.get("count_checks", {}).items()))
+            state = (witness.get(name) or {}).get("completion", {}).get("state")
+            if state == "unusable":
+                checks += " (counts unusable)"
+            p.add_row(name, str(v["requests"]), outcomes, checks or "-",
+                      f"{v['completion_tokens']:,}", f"{v['cost_usd']:.4f}")
         console.print(p)

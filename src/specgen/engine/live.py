@@ -11,6 +11,9 @@ from typing import Any
 
 from .scheduler import Engine
 
+_SHORT = {"exact": "exact", "repaired": "rep", "unverified": "unv", "mismatch": "MISMATCH",
+          "true_ids": "ids"}
+
 
 def _fmt_int(n: float) -> str:
     n = float(n)
@@ -179,14 +182,20 @@ class LiveView:
         parts.append(dt)
         if s["providers"]:
             pt = Table(box=None, pad_edge=False, header_style="bold")
-            for col in ("provider", "requests", "ok", "rejected", "quar.", "errors",
+            witness = self.engine.witness
+            for col in ("provider", "requests", "ok", "rejected", "quar.", "errors", "witness",
                         "compl. tok", "cost $", "p50 s", "p90 s"):
-                pt.add_column(col, justify="left" if col in ("provider", "errors") else "right")
+                pt.add_column(col, justify="left" if col in ("provider", "errors", "witness")
+                              else "right")
             for name, p in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
                 lat = p["latency_s"]
                 errs = " ".join(f"{k}={v}" for k, v in sorted(p["errors"].items())) or "-"
+                checks = " ".join(f"{_SHORT.get(k, k)} {v}"
+                                  for k, v in sorted(p["count_checks"].items())) or "-"
+                if witness.unusable(name):
+                    checks += " (counts unusable)"
                 pt.add_row(name, str(p["requests"]), str(p["ok"]), str(p["rejected"]),
-                           str(p["quarantined"]), errs, _fmt_int(p["completion_tokens"]),
+                           str(p["quarantined"]), errs, checks, _fmt_int(p["completion_tokens"]),
                            f"{p['cost_usd']:.4f}",
                            f"{lat['p50']:.2f}" if lat["p50"] is not None else "-",
                            f"{lat['p90']:.2f}" if lat["p90"] is not None else "-")

@@ -25,6 +25,8 @@ from ..client.retry import backoff_delay
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
+from ..quality.repairs import count_repair
+from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
 from ..store import Store, pack_ids, pack_json, unpack_json
 from .budget import Budget
@@ -91,6 +93,7 @@ class Engine:
                                      probe_max=ep.outage_probe_max)
         self.spend_window = InFlightBudget("usd" if budget.prices.known else "tokens")
         self.model_check = ModelCheck(cfg.target.model, ep.accept_models)
+        self.witness = CountWitness()
         self.inflight_weight = 0.0
         self.stop_kind: str | None = None  # user | account | unreachable | store
         self.failed_classes: Counter[str] = Counter()  # failed tasks by class, all sessions
@@ -787,11 +790,34 @@ class Engine:
             self._quarantine(job, resp, "normalize_error", common, pstats,
                              detail=f"{type(exc).__name__}: {exc}")
             return
+        repairs = list(norm.repairs)
+        verdict = self._witness(job, resp, message, completion,
+                                truncated=bool(getattr(norm, "truncated", False)))
+        count_check = verdict.check
+        if count_check == "repaired":
+            message, completion = verdict.message, verdict.ids
+            repairs += [f"count:{name}" for name in verdict.repairs]
+        if resp.prompt_token_ids is not None and resp.completion_token_ids is not None:
+            # the backend's own ids are the sample; the witness's verdict on ours is kept
+            # so that verify can measure the witness against the truth
+            repairs.append(f"witness:{count_check}")
+            count_check = "true_ids"
+        elif count_check == "mismatch" or (count_check == "unverified"
+                                           and self.cfg.quality.require_witness):
+            reason = "count_mismatch" if count_check == "mismatch" else "no_witness"
+            if count_check == "unverified" or self.cfg.quality.on_count_mismatch == "quarantine":
+                self._quarantine(job, resp, reason, common, pstats, detail=verdict.detail)
+                return
+            if self.cfg.quality.on_count_mismatch == "flag":
+                self._event_once("count_mismatch", ds.name, provider,
+                                 f"answers of {provider!r} contradict its own token counts "
+                                 f"({verdict.detail}); kept as count_check = mismatch, left "
+                                 "out of exports")
+        pstats.checks[count_check] += 1
         self.rejected_in_a_row = 0
         pstats.ok += 1
         if latency is not None:
             pstats.latency.add(latency)
-        repairs = list(norm.repairs)
         request = {"messages": job.messages, "tools": job.tools}
         if job.shrunk_from is not None:  # sent smaller than configured: say so on the sample
             repairs.append(f"max_tokens_shrunk:{job.shrunk_from}->{job.max_tokens}")
@@ -812,7 +838,7 @@ class Engine:
             pack_ids(resp.prompt_token_ids) if resp.prompt_token_ids is not None else None,
             pack_ids(resp.completion_token_ids) if resp.completion_token_ids is not None else None,
             pt, ct, details.get("reasoning_tokens") if isinstance(details, dict) else None,
-            cost, orjson.dumps(repairs).decode(), latency, time.time()))
+            cost, orjson.dumps(repairs).decode(), latency, time.time(), count_check))
         self._task_row(job.task_id, job.conv, job.turn, "done", job.attempts, None)
         ds.bump("pending", -1)
         ds.bump("done")
@@ -824,6 +850,26 @@ class Engine:
         if c.ds.ready and c.ds.ready[-1].conv is c:
             # continue this conversation before starting new ones
             c.ds.ready.rotate(1)
+
+    def _witness(self, job: Job, resp: ChatResponse, message, completion, *, truncated: bool):
+        """What the provider's own counts say of this sample (quality.witness)."""
+        if not self.cfg.quality.count_witness:
+            return Verdict("unverified", "count witness off ([quality] count_witness)")
+        repair = None
+        if not truncated:
+            def render(m):
+                return self.renderer.completion_ids(m, context=job.messages, tools=job.tools)
+
+            def repair(target: int):
+                return count_repair(message, target, render)
+        key = resp.provider or resp.base_url or "(unknown)"
+        verdict = self.witness.judge(key, prompt=len(job.prompt_ids), completion=len(completion),
+                                     usage=resp.usage or {}, repair=repair)
+        if verdict.check == "unverified" and self.witness.unusable(key):
+            self._event_once("counts_unusable", job.ds.name, resp.provider,
+                             f"{key}'s token counts never settle on a constant offset against "
+                             "ours: they are no witness, its samples are unverified")
+        return verdict
 
     def _quarantine(self, job: Job, resp: ChatResponse, reason: str, common: dict,
                     pstats, detail: str = "") -> None:
@@ -903,6 +949,7 @@ class Engine:
             "concurrency_reason": self.concurrency()[1],
             "max_concurrency": self.limit.maximum, "concurrency_backoffs": self.limit.backoffs,
             "in_flight_budget": self.spend_window.to_json(), "endpoint": self.health.to_json(),
+            "count_witness": self.witness.to_json(),
             "store_problem": self.store_problem(),
             "retrying": len(self.retries), "open_conversations": self.open_convs,
             "requests_per_s": round(rps, 3), "completion_tokens_per_s": round(tps, 1),

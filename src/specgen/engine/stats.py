@@ -47,6 +47,7 @@ class ProviderStats:
     quarantined: int = 0
     errors: Counter = field(default_factory=Counter)
     repairs: Counter = field(default_factory=Counter)
+    checks: Counter = field(default_factory=Counter)  # samples by count_check
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
@@ -57,7 +58,7 @@ class ProviderStats:
         return {
             "requests": self.requests, "ok": self.ok, "rejected": self.rejected,
             "quarantined": self.quarantined, "errors": dict(self.errors),
-            "repairs": dict(self.repairs),
+            "repairs": dict(self.repairs), "count_checks": dict(self.checks),
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "cost_usd": round(self.cost_usd, 6),
             "latency_s": {k: (round(v, 3) if v is not None else None) for k, v in pct.items()},

@@ -17,7 +17,7 @@ import orjson
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .scheduler import LIVE_FILE
-from .status_queries import failed_tasks_by_class
+from .status_queries import count_checks_by_provider, failed_tasks_by_class
 
 
 def _live(run_dir: Path) -> dict[str, Any] | None:
@@ -42,6 +42,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         quarantine = store.quarantine_counts()
         providers = store.provider_totals()
         failures = failed_tasks_by_class(store)
+        checks = count_checks_by_provider(store)
     hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
     last = sessions[-1] if sessions else None
@@ -90,6 +91,10 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             "token_budget": (cfg_ds.get(name) or {}).get("token_budget"),
             "limit": (cfg_ds.get(name) or {}).get("limit"),
         }
+    for name, counts in checks.items():
+        providers.setdefault(name, {"requests": 0, "outcomes": {}, "prompt_tokens": 0,
+                                    "completion_tokens": 0, "cost_usd": 0.0})
+        providers[name]["count_checks"] = counts
     out: dict[str, Any] = {
         "state": state,
         "pid": pid,
@@ -123,6 +128,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         out["in_flight"] = live.get("in_flight")
         out["endpoint"] = live.get("endpoint")
         out["store_problem"] = live.get("store_problem")
+        out["count_witness"] = live.get("count_witness")
     return out
 
 

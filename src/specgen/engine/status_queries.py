@@ -3,6 +3,7 @@ share."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,3 +28,17 @@ def failed_tasks_by_class(store: Store, datasets: Sequence[str] | None = None
         entry["last_error"] = error
         entry["datasets"][dataset] = entry["datasets"].get(dataset, 0) + 1
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["count"]))
+
+
+def count_checks_by_provider(store: Store) -> dict[str, dict[str, int]]:
+    """Kept samples per answering provider by what its own token counts said of them
+    (`results.count_check`; "unchecked" for samples stored before the check existed)."""
+    out: dict[str, dict[str, int]] = {}
+    try:
+        rows = store.conn.execute(
+            "SELECT provider, count_check, COUNT(*) FROM results GROUP BY 1, 2").fetchall()
+    except sqlite3.OperationalError:  # an older store opened read-only: no such column
+        return out
+    for provider, check, n in rows:
+        out.setdefault(provider or "(unknown)", {})[check or "unchecked"] = n
+    return out

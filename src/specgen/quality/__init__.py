@@ -1,0 +1,1 @@
+"""What the answers are worth: the count witness and the count-guided repairs."""

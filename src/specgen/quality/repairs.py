@@ -1,0 +1,68 @@
+"""Count-guided repairs: undo a known provider transformation, only when the provider's own
+token count says so.
+
+When a provider's `usage.completion_tokens` disagrees with the ids rebuilt from its answer,
+one of a few documented transformations may explain the difference exactly (see
+`../shared/reference/openrouter-api.md`, "What real Kimi providers send"):
+
+* `arguments_spaced` — the provider re-serialised tool-call arguments compactly
+  (`{"a":2,"b":3}`, Groq, Together) while the model wrote `{"a": 2, "b": 3}`;
+* `arguments_compact` — the other way round;
+* `content_whitespace` — whitespace the provider inserted around `</think>` or the tool-call
+  section (leading / trailing whitespace of `content`).
+
+Each candidate (alone, and the argument styles together with the whitespace one) is rendered
+to ids; the first whose length is exactly what the provider counted is taken, with its name.
+Nothing is changed without the witness agreeing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..conversation import AssistantMessage, ToolCall
+
+Render = Callable[[AssistantMessage], list[int]]
+
+
+def _restyle(calls: tuple[ToolCall, ...], compact: bool) -> tuple[ToolCall, ...] | None:
+    seps = (",", ":") if compact else (", ", ": ")
+    out, changed = [], False
+    for call in calls:
+        try:
+            value = json.loads(call.arguments)
+        except (TypeError, ValueError):
+            return None
+        text = json.dumps(value, ensure_ascii=False, separators=seps)
+        changed |= text != call.arguments
+        out.append(replace(call, arguments=text))
+    return tuple(out) if changed else None
+
+
+def candidates(message: AssistantMessage) -> list[tuple[list[str], AssistantMessage]]:
+    """The messages the known transformations may have come from, with their names."""
+    styles: list[tuple[str, AssistantMessage]] = []
+    if message.tool_calls:
+        for name, compact in (("arguments_spaced", False), ("arguments_compact", True)):
+            calls = _restyle(message.tool_calls, compact)
+            if calls is not None:
+                styles.append((name, replace(message, tool_calls=calls)))
+    out: list[tuple[list[str], AssistantMessage]] = [([n], m) for n, m in styles]
+    stripped = message.content.strip()
+    if stripped != message.content:
+        out.append((["content_whitespace"], replace(message, content=stripped)))
+        out += [([n, "content_whitespace"], replace(m, content=stripped)) for n, m in styles]
+    return out
+
+
+def count_repair(message: AssistantMessage, target: int, render: Render
+                 ) -> tuple[AssistantMessage, list[int], list[str]] | None:
+    """The repaired message, its ids and the repair names, when one known transformation
+    makes the ids exactly `target` long; else None."""
+    for names, candidate in candidates(message):
+        ids = render(candidate)
+        if len(ids) == target:
+            return candidate, ids, names
+    return None

@@ -1,0 +1,157 @@
+"""The count witness: every sample checked against the provider's own token counts.
+
+On a hosted API the rebuilt ids are a reconstruction; the provider's `usage.prompt_tokens` and
+`usage.completion_tokens` (counted with the model's own tokenizer on most stacks) are the one
+independent witness of what the model processed and sampled. Each sample gets a verdict:
+
+* `exact` — both counts agree with ours after the provider's learned offset;
+* `repaired` — the completion agrees after a count-guided repair (`quality.repairs`);
+* `unverified` — no witness: the provider reports no usage, or its counts are unusable
+  (its deltas against ours never settle on a constant);
+* `mismatch` — the counts contradict our ids: the sample is wrong (a prompt mismatch means the
+  model saw another prompt, whatever the completion).
+
+Offsets are learned per provider and side from the deltas (provider − ours) of its answers:
+most providers count exactly (0); some count the stop token differently (a constant of at
+most `MAX_OFFSET`; a larger constant is content, e.g. a hidden system prompt, and stays a
+mismatch). Until a provider has `WARMUP` answers the offset is taken as 0, so a provider that
+counts differently loses up to `WARMUP` samples to `mismatch` first. Its counts are `unusable`
+once `UNUSABLE_AFTER` answers show no delta holding half of them.
+
+`CountWitness.judge` is the one entry point.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+WARMUP = 5  # answers before a provider's offset is trusted (0 until then)
+STABLE_SHARE = 0.8  # the offset holds for at least this share of the recent answers
+UNUSABLE_AFTER = 20  # answers after which no dominant offset means "counts unusable"
+UNUSABLE_SHARE = 0.5
+WINDOW = 200  # recent deltas kept per provider and side
+# A counting rule differs by a token or two (the stop token, a BOS); a bigger constant is not
+# counting but content — a hidden system prompt — and stays a mismatch.
+MAX_OFFSET = 2
+
+
+@dataclass(slots=True)
+class Side:
+    """The deltas of one provider's counts on one side (prompt or completion)."""
+
+    deltas: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    counts: Counter = field(default_factory=Counter)  # of the deltas in the window
+
+    def add(self, delta: int) -> None:
+        if len(self.deltas) == WINDOW:
+            old = self.deltas[0]
+            self.counts[old] -= 1
+            if not self.counts[old]:
+                del self.counts[old]
+        self.deltas.append(delta)
+        self.counts[delta] += 1
+
+    def state(self) -> tuple[str, int]:
+        """("learning" | "stable" | "unsettled" | "off_by_content" | "unusable", offset to
+        expect)."""
+        n = len(self.deltas)
+        if n < WARMUP:
+            return "learning", 0
+        offset, hits = self.counts.most_common(1)[0]
+        share = hits / n
+        if n >= UNUSABLE_AFTER and share < UNUSABLE_SHARE:
+            return "unusable", 0
+        if abs(offset) > MAX_OFFSET:
+            return "off_by_content", 0  # e.g. a hidden system prompt: every answer mismatches
+        return ("stable" if share >= STABLE_SHARE else "unsettled"), offset
+
+
+@dataclass(slots=True)
+class Verdict:
+    check: str  # exact | repaired | unverified | mismatch
+    detail: str = ""
+    repairs: list[str] = field(default_factory=list)
+    message: Any = None  # the repaired AssistantMessage (check "repaired")
+    ids: list[int] | None = None  # its completion ids
+
+
+Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]
+
+
+def _count(usage: dict[str, Any], key: str) -> int | None:
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
+class CountWitness:
+    def __init__(self) -> None:
+        self.sides: dict[tuple[str, str], Side] = {}
+
+    def _side(self, provider: str, which: str) -> Side:
+        side = self.sides.get((provider, which))
+        if side is None:
+            side = self.sides[(provider, which)] = Side()
+        return side
+
+    def judge(self, provider: str, *, prompt: int, completion: int, usage: dict[str, Any],
+              repair: Repair | None = None) -> Verdict:
+        """Our counts (`prompt`, `completion` ids) against the answer's `usage`. `repair(n)`
+        tries the known transformations for a completion of exactly n ids."""
+        theirs_p, theirs_c = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
+        if theirs_c is None:
+            return Verdict("unverified", "no usage counts in the answer")
+        cs = self._side(provider, "completion")
+        c_state, c_off = cs.state()
+        problems: list[str] = []
+        verdict = Verdict("exact")
+        if theirs_p is not None:
+            ps = self._side(provider, "prompt")
+            p_state, p_off = ps.state()
+            dp = theirs_p - prompt
+            ps.add(dp)
+            if dp != p_off and p_state != "unusable":
+                problems.append(f"prompt: ours {prompt}, provider {theirs_p} "
+                                f"(expected offset {p_off:+d})")
+        dc = theirs_c - completion
+        if dc == c_off:
+            cs.add(dc)
+        elif c_state == "unusable":
+            cs.add(dc)
+            return Verdict("unverified", f"{provider}'s completion counts are unusable "
+                                         f"(ours {completion}, provider {theirs_c})")
+        else:
+            fixed = repair(theirs_c - c_off) if repair is not None and not problems else None
+            if fixed is not None:
+                cs.add(c_off)  # explained: the provider's counting is consistent
+                message, ids, names = fixed
+                verdict = Verdict("repaired", f"completion: ours {completion} -> {len(ids)} "
+                                              f"after {'+'.join(names)}, provider {theirs_c}",
+                                  names, message, ids)
+            else:
+                cs.add(dc)
+                problems.append(f"completion: ours {completion}, provider {theirs_c} "
+                                f"(expected offset {c_off:+d})")
+        if problems:
+            return Verdict("mismatch", "; ".join(problems))
+        return verdict
+
+    def state(self, provider: str) -> dict[str, Any]:
+        """A provider's learned offsets: {side: {"state", "offset", "answers"}}."""
+        out = {}
+        for which in ("prompt", "completion"):
+            side = self.sides.get((provider, which))
+            if side is not None:
+                st, off = side.state()
+                out[which] = {"state": st, "offset": off, "answers": len(side.deltas)}
+        return out
+
+    def unusable(self, provider: str) -> bool:
+        side = self.sides.get((provider, "completion"))
+        return side is not None and side.state()[0] == "unusable"
+
+    def to_json(self) -> dict[str, Any]:
+        return {p: self.state(p) for p in sorted({p for p, _ in self.sides})}

@@ -1,0 +1,97 @@
+"""The count witness and the count-guided repairs on their own (real demo tokenizer and Kimi
+renderer for the repairs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specgen.conversation import AssistantMessage, ToolCall
+from specgen.quality.repairs import count_repair
+from specgen.quality.witness import MAX_OFFSET, UNUSABLE_AFTER, WARMUP, CountWitness
+from specgen.render import get_renderer
+from specgen.tokenizer import load_tokenizer
+
+
+def usage(p: int, c: int) -> dict:
+    return {"prompt_tokens": p, "completion_tokens": c}
+
+
+def test_exact_and_mismatch():
+    w = CountWitness()
+    assert w.judge("A", prompt=100, completion=50, usage=usage(100, 50)).check == "exact"
+    v = w.judge("A", prompt=100, completion=50, usage=usage(100, 53))
+    assert v.check == "mismatch" and "ours 50, provider 53" in v.detail
+    v = w.judge("A", prompt=100, completion=50, usage=usage(112, 50))
+    assert v.check == "mismatch" and v.detail.startswith("prompt: ours 100, provider 112")
+    assert w.judge("A", prompt=1, completion=1, usage={}).check == "unverified"
+    assert w.judge("A", prompt=1, completion=1, usage={"completion_tokens": True}).check \
+        == "unverified"
+
+
+def test_a_constant_offset_is_learned_but_a_large_one_is_content():
+    w = CountWitness()
+    checks = [w.judge("B", prompt=10, completion=40, usage=usage(10, 39)).check
+              for _ in range(WARMUP + 5)]
+    assert checks[:WARMUP] == ["mismatch"] * WARMUP  # until the offset is known
+    assert checks[WARMUP:] == ["exact"] * 5
+    assert w.state("B")["completion"] == {"state": "stable", "offset": -1,
+                                          "answers": WARMUP + 5}
+    # a hidden system prompt: a constant too, but never learned away
+    for _ in range(WARMUP + 5):
+        v = w.judge("C", prompt=10, completion=40, usage=usage(10 + MAX_OFFSET + 10, 40))
+        assert v.check == "mismatch"
+    assert w.state("C")["prompt"]["state"] == "off_by_content"
+
+
+def test_counts_that_never_settle_are_unusable():
+    w = CountWitness()
+    seen = [w.judge("D", prompt=10, completion=100, usage=usage(10, 100 - 50 + (i * 7) % 60)
+                    ).check for i in range(UNUSABLE_AFTER + 10)]
+    assert w.unusable("D") and set(seen[UNUSABLE_AFTER + 1:]) == {"unverified"}
+    assert w.to_json()["D"]["completion"]["state"] == "unusable"
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    return get_renderer("kimi-k2.5", load_tokenizer("demo"))
+
+
+def test_compact_arguments_are_respaced_only_when_the_count_says_so(renderer):
+    spaced = {"city": "Paris", "days": 3, "units": ["c", "f"]}
+    model = AssistantMessage(content="", reasoning="Let me check.", tool_calls=(
+        ToolCall("functions.get_weather:0", "get_weather", json.dumps(spaced)),))
+    compact = AssistantMessage(content="", reasoning="Let me check.", tool_calls=(
+        ToolCall("functions.get_weather:0", "get_weather",
+                 json.dumps(spaced, separators=(",", ":"))),))
+    truth = renderer.completion_ids(model)
+    assert len(renderer.completion_ids(compact)) < len(truth)
+    fixed = count_repair(compact, len(truth), renderer.completion_ids)
+    assert fixed is not None
+    message, ids, names = fixed
+    assert names == ["arguments_spaced"] and ids == truth and message == model
+    # a count that no known transformation explains: no guess
+    assert count_repair(compact, len(truth) + 5, renderer.completion_ids) is None
+
+
+def test_inserted_whitespace_is_removed_when_the_count_says_so(renderer):
+    model = AssistantMessage(content="The answer is 4.", reasoning="2 + 2")
+    padded = AssistantMessage(content="\n\nThe answer is 4.\n", reasoning="2 + 2")
+    truth = renderer.completion_ids(model)
+    message, ids, names = count_repair(padded, len(truth), renderer.completion_ids)
+    assert names == ["content_whitespace"] and ids == truth and message == model
+
+
+def test_the_witness_takes_a_repair_that_makes_the_counts_agree(renderer):
+    w = CountWitness()
+    model = AssistantMessage(content="ok", reasoning="r", tool_calls=(
+        ToolCall("functions.f:0", "f", '{"a": 2, "b": 3}'),))
+    served = AssistantMessage(content="ok", reasoning="r", tool_calls=(
+        ToolCall("functions.f:0", "f", '{"a":2,"b":3}'),))
+    ours = renderer.completion_ids(served)
+    truth = renderer.completion_ids(model)
+    v = w.judge("Groq", prompt=5, completion=len(ours), usage=usage(5, len(truth)),
+                repair=lambda n: count_repair(served, n, renderer.completion_ids))
+    assert v.check == "repaired" and v.repairs == ["arguments_spaced"] and v.ids == truth
+    assert w.state("Groq")["completion"]["offset"] == 0  # explained: not a counting offset
