@@ -86,6 +86,7 @@ class QuirkRates:
     reserialize_arguments: float = 0.0  # arguments parsed and re-dumped in the other style
     empty_content: float = 0.0  # content and tool calls dropped, finish_reason "stop"
     wrong_model: float = 0.0  # the answer names `wrong_model_slug` as its model
+    pad_whitespace: float = 0.0  # content gets "\n\n" after reasoning, "\n" before tool calls
 
     def items(self):
         """(name, rate) pairs in declaration order (a dataclass's __dict__ keeps it)."""
@@ -140,6 +141,17 @@ class ProviderConfig:
     uptime: float = 99.5  # percent, shown in the endpoint list
     faults: FaultRates = field(default_factory=FaultRates)
     quirks: QuirkRates = field(default_factory=QuirkRates)
+    # How the provider counts (the reported `usage`; the true counts are len(ids)):
+    usage_completion_offset: int = 0  # added to completion_tokens (-1: stop token not counted)
+    usage_prompt_offset: int = 0  # added to prompt_tokens
+    usage_noise: float = 0.0  # completion_tokens x U[1 - noise, 1 + noise] per request, rounded
+    hidden_system_prompt_tokens: int = 0  # a hidden system prompt: prompt_tokens += this
+
+    @property
+    def counts_exactly(self) -> bool:
+        """Whether the reported usage is the true count (no counting key set)."""
+        return not (self.usage_completion_offset or self.usage_prompt_offset or self.usage_noise
+                    or self.hidden_system_prompt_tokens)
 
     @property
     def slug(self) -> str:
@@ -313,6 +325,17 @@ class SimConfig:
                 raise ConfigError(f"{label}: latency_jitter must be in [0, 1]")
             if p.context_length < 1 or p.max_completion_tokens < 1:
                 raise ConfigError(f"{label}: context_length and max_completion_tokens must be >= 1")
+            for key in ("usage_completion_offset", "usage_prompt_offset",
+                        "hidden_system_prompt_tokens"):
+                value = getattr(p, key)
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ConfigError(f"{label}: {key} must be an integer, got {value!r}")
+            if p.hidden_system_prompt_tokens < 0:
+                raise ConfigError(f"{label}: hidden_system_prompt_tokens must be >= 0")
+            if (not isinstance(p.usage_noise, int | float) or isinstance(p.usage_noise, bool)
+                    or not 0.0 <= p.usage_noise <= 1.0):
+                raise ConfigError(f"{label}: usage_noise must be in [0, 1], got "
+                                  f"{p.usage_noise!r}")
             _rates(p.faults, f"providers[{i}].faults", where)
             for name, value in p.quirks.items():
                 _rate(value, f"providers[{i}].quirks.{name}", where)

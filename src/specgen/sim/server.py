@@ -88,7 +88,8 @@ class Wheel:
 class _Endpoint:
     """What a request needs of one provider, computed once."""
 
-    __slots__ = ("faults", "quirks", "prompt_price", "completion_price", "cache_price")
+    __slots__ = ("faults", "quirks", "prompt_price", "completion_price", "cache_price",
+                 "counting")
 
     def __init__(self, p: ProviderConfig):
         self.faults = fault_table(p.faults)
@@ -96,6 +97,11 @@ class _Endpoint:
         self.prompt_price = p.prompt_price()
         self.completion_price = p.completion_price()
         self.cache_price = p.cache_read_price()
+        # How the provider counts, when not exactly (docs/sim.md, "Usage counting"):
+        # (added to prompt_tokens, added to completion_tokens, completion noise).
+        self.counting = None if p.counts_exactly else (
+            p.hidden_system_prompt_tokens + p.usage_prompt_offset, p.usage_completion_offset,
+            float(p.usage_noise))
 
 
 _NO_QUIRKS: frozenset[str] = frozenset()
@@ -586,6 +592,14 @@ class Simulator:
         prompt_cost = (n_prompt - cached) * ep.prompt_price + cached * ep.cache_price
         completion_cost = n_completion * ep.completion_price
         cost = prompt_cost + completion_cost
+        counting = ep.counting
+        if counting is not None:  # the provider counts its own way; the cost stays true
+            prompt_add, completion_add, noise = counting
+            if noise:
+                n_completion = round(n_completion * rng.uniform(1.0 - noise, 1.0 + noise))
+            n_completion = max(0, n_completion + completion_add)
+            n_prompt = max(0, n_prompt + prompt_add)
+            cached = min(cached, n_prompt)
         return {
             "prompt_tokens": n_prompt, "completion_tokens": n_completion,
             "total_tokens": n_prompt + n_completion, "cost": cost, "is_byok": False,
@@ -619,8 +633,10 @@ class Simulator:
         name = ctx.provider.name
         n_prompt, n_completion = usage["prompt_tokens"], usage["completion_tokens"]
         self.spent += cost
-        self.stats.add_completion(name, n_prompt, n_completion, served.reasoning_tokens, cost,
-                                  served.quirks, ctx.resegmented)
+        # The stats count the true tokens (as the cost does); the generation log, like usage,
+        # what the provider reported.
+        self.stats.add_completion(name, len(ctx.prompt_ids), len(served.ids),
+                                  served.reasoning_tokens, cost, served.quirks, ctx.resegmented)
         # Kept slim (the JSON is built only if someone asks): no messages, no ids.
         # Atomic values only: the garbage collector then stops tracking the tuple.
         generations = self.generations

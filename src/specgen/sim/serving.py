@@ -280,6 +280,9 @@ class Server:
                     p.kind = "hidden"
         if "spaces_around_special" in quirks and self._space_markers(pieces):
             effective.add("spaces_around_special")
+        if "pad_whitespace" in quirks and "empty_content" not in effective and self._pad(
+                pieces, any(k == "reasoning" and e > s for k, s, e in spans)):
+            effective.add("pad_whitespace")
         applied.extend(q for q in sorted(quirks) if q in effective)
         return pieces
 
@@ -358,6 +361,25 @@ class Server:
                 p.prefix = " "
                 after_marker[p.field] = False
         return changed
+
+    @staticmethod
+    def _pad(pieces: list[Piece], has_reasoning: bool) -> bool:
+        """`pad_whitespace`: "\n\n" leads the content when the answer has reasoning, "\n"
+        trails it when the answer has tool calls, as pieces of their own that cover no ids (a
+        stream sends each as a content delta: the first / the last one)."""
+        calls = [n for n, p in enumerate(pieces) if p.kind == "call"]
+        if not has_reasoning and not calls:
+            return False
+        content = [n for n, p in enumerate(pieces) if p.kind == "text" and p.field == "content"]
+        first = content[0] if content else (calls[0] if calls else len(pieces))
+        if calls:
+            at = content[-1] + 1 if content else calls[0]
+            pos = pieces[at].start if at < len(pieces) else pieces[-1].end if pieces else 0
+            pieces.insert(at, Piece("text", pos, pos, "content", "\n"))
+        if has_reasoning:
+            pos = pieces[first].start if first < len(pieces) else pieces[-1].end if pieces else 0
+            pieces.insert(first, Piece("text", pos, pos, "content", "\n\n"))
+        return True
 
     @staticmethod
     def serve_plain(ids: list[int], plain: tuple[str | None, str, int], *,
