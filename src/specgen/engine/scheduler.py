@@ -25,6 +25,7 @@ from ..client.retry import backoff_delay
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
+from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair
 from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
@@ -856,7 +857,11 @@ class Engine:
         if not self.cfg.quality.count_witness:
             return Verdict("unverified", "count witness off ([quality] count_witness)")
         repair = None
-        if not truncated:
+        if truncated or not repair_candidates(message):
+            # nothing a provider could have transformed (or a cut answer): a plain answer
+            if truncated:
+                return Verdict("unverified", "cut at max_tokens: counts not judged")
+        else:
             def render(m):
                 return self.renderer.completion_ids(m, context=job.messages, tools=job.tools)
 

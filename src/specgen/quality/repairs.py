@@ -12,8 +12,9 @@ one of a few documented transformations may explain the difference exactly (see
   section (leading / trailing whitespace of `content`).
 
 Each candidate (alone, and the argument styles together with the whitespace one) is rendered
-to ids; the first whose length is exactly what the provider counted is taken, with its name.
-Nothing is changed without the witness agreeing.
+to ids; a repair is taken only when exactly one candidate's length is what the provider
+counted (two that fit are ambiguous and nothing is changed). Nothing is changed without the
+witness agreeing.
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ def candidates(message: AssistantMessage) -> list[tuple[list[str], AssistantMess
 
 def count_repair(message: AssistantMessage, target: int, render: Render
                  ) -> tuple[AssistantMessage, list[int], list[str]] | None:
-    """The repaired message, its ids and the repair names, when one known transformation
-    makes the ids exactly `target` long; else None."""
+    """The repaired message, its ids and the repair names, when exactly one known
+    transformation makes the ids `target` long; else None. Two transformations that both
+    fit are ambiguous: the count cannot tell them apart, so nothing is repaired."""
+    found: list[tuple[AssistantMessage, list[int], list[str]]] = []
     for names, candidate in candidates(message):
         ids = render(candidate)
-        if len(ids) == target:
-            return candidate, ids, names
-    return None
+        if len(ids) == target and all(ids != f[1] for f in found):
+            found.append((candidate, ids, names))
+    return found[0] if len(found) == 1 else None

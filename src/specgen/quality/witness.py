@@ -11,7 +11,8 @@ independent witness of what the model processed and sampled. Each sample gets a 
 * `mismatch` — the counts contradict our ids: the sample is wrong (a prompt mismatch means the
   model saw another prompt, whatever the completion).
 
-Offsets are learned per provider and side from the deltas (provider − ours) of its answers:
+Offsets are learned per provider and side from the deltas (provider − ours) of its answers
+(the completion side from plain answers only: those no known transformation could touch):
 most providers count exactly (0); some count the stop token differently (a constant of at
 most `MAX_OFFSET`; a larger constant is content, e.g. a hidden system prompt, and stays a
 mismatch). Until a provider has `WARMUP` answers the offset is taken as 0, so a provider that
@@ -100,14 +101,16 @@ class CountWitness:
     def judge(self, provider: str, *, prompt: int, completion: int, usage: dict[str, Any],
               repair: Repair | None = None) -> Verdict:
         """Our counts (`prompt`, `completion` ids) against the answer's `usage`. `repair(n)`
-        tries the known transformations for a completion of exactly n ids."""
+        tries the known transformations for a completion of exactly n ids; None when no
+        transformation could apply to this answer (a plain answer: only those teach the
+        provider's completion offset, since a re-serialised or padded answer's delta is not
+        the provider's counting)."""
         theirs_p, theirs_c = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
         if theirs_c is None:
             return Verdict("unverified", "no usage counts in the answer")
         cs = self._side(provider, "completion")
         c_state, c_off = cs.state()
         problems: list[str] = []
-        verdict = Verdict("exact")
         if theirs_p is not None:
             ps = self._side(provider, "prompt")
             p_state, p_off = ps.state()
@@ -117,22 +120,26 @@ class CountWitness:
                 problems.append(f"prompt: ours {prompt}, provider {theirs_p} "
                                 f"(expected offset {p_off:+d})")
         dc = theirs_c - completion
-        if dc == c_off:
+        plain = repair is None
+        if plain:
             cs.add(dc)
-        elif c_state == "unusable":
-            cs.add(dc)
+        if c_state == "unusable" or (plain and cs.state()[0] == "unusable"):
             return Verdict("unverified", f"{provider}'s completion counts are unusable "
                                          f"(ours {completion}, provider {theirs_c})")
-        else:
-            fixed = repair(theirs_c - c_off) if repair is not None and not problems else None
+        verdict = Verdict("exact")
+        if dc != c_off:
+            # A delta of a token or two may be the provider's counting while its offset is
+            # not yet known: no repair may explain it away then.
+            known = c_state in ("stable", "unsettled")
+            fixed = (repair(theirs_c - c_off)
+                     if repair is not None and not problems
+                     and (known or abs(dc - c_off) > MAX_OFFSET) else None)
             if fixed is not None:
-                cs.add(c_off)  # explained: the provider's counting is consistent
                 message, ids, names = fixed
                 verdict = Verdict("repaired", f"completion: ours {completion} -> {len(ids)} "
                                               f"after {'+'.join(names)}, provider {theirs_c}",
                                   names, message, ids)
             else:
-                cs.add(dc)
                 problems.append(f"completion: ours {completion}, provider {theirs_c} "
                                 f"(expected offset {c_off:+d})")
         if problems:
