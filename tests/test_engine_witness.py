@@ -135,3 +135,22 @@ def test_hosted_compact_arguments_become_the_models_own_ids(tmp_path):
     # what the count cannot vouch for yet (before the offset is known) is quarantined
     assert st["done"] + st["quarantined"] == 40 and st["done"] == sum(checks.values())
     assert set(st["quarantine_reasons"]) <= {"count_mismatch"}
+
+
+def test_a_resumed_run_keeps_the_learned_offsets(tmp_path):
+    cfg, outcome = run(tmp_path, "offset", 40, true_ids=False)
+    with Store.open(cfg.run_dir) as s:
+        (before,) = s.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()
+    assert outcome.state == "finished" and before > 0  # the first answers, while learning
+    write_jsonl(tmp_path / "t.jsonl", tool_rows(80))  # 40 more rows: the run resumes
+    sim = SimProcess(tmp_path, SIM.format(provider=PROVIDERS["offset"]), name="offset2")
+    try:
+        path = write_config(tmp_path, sim.url,
+                            [{"name": "t", "path": "t.jsonl", "turns": "first"}],
+                            endpoint="return_token_ids = false")
+        cfg, outcome = go(path)
+    finally:
+        sim.stop()
+    with Store.open(cfg.run_dir) as s:
+        (after,) = s.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()
+    assert outcome.state == "finished" and after == before  # nothing lost to learning again

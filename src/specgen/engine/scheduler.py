@@ -43,7 +43,7 @@ from .shard import Shard
 from .stages import Stages
 from .state import Conv, DsRun, Job
 from .stats import RunStats
-from .status_queries import failed_tasks_by_class
+from .status_queries import failed_tasks_by_class, vouched_deltas
 from .store_guard import StoreGuard, rescue_results
 from .writer import StoreWriter
 
@@ -137,6 +137,8 @@ class Engine:
         table = store.datasets_table()
         self.failed_classes.update({k: v["count"] for k, v in failed_tasks_by_class(
             store, [d.name for d in cfg.datasets]).items()})
+        for provider, dp, dc in vouched_deltas(store):
+            self.witness.seed(provider, dp, dc)
         task_counts = store.task_counts()
         conv_counts = store.conversation_counts()
         spend = store.spend()

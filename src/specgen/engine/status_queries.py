@@ -42,3 +42,20 @@ def count_checks_by_provider(store: Store) -> dict[str, dict[str, int]]:
     for provider, check, n in rows:
         out.setdefault(provider or "(unknown)", {})[check or "unchecked"] = n
     return out
+
+
+def vouched_deltas(store: Store, per_provider: int = 50) -> list[tuple[str, int | None, int]]:
+    """(provider, prompt delta, completion delta) of the latest samples each provider's own
+    counts vouched for (`exact` / `repaired`): provider's count − ours."""
+    try:
+        rows = store.conn.execute(
+            "SELECT provider, prompt_tokens - n_prompt, "
+            "completion_tokens - (LENGTH(input_ids) / 4 - n_prompt) FROM ("
+            "  SELECT provider, prompt_tokens, completion_tokens, n_prompt, input_ids, "
+            "  ROW_NUMBER() OVER (PARTITION BY provider ORDER BY task DESC) AS k "
+            "  FROM results WHERE count_check IN ('exact', 'repaired') "
+            "  AND completion_tokens IS NOT NULL AND provider IS NOT NULL) WHERE k <= ?",
+            (per_provider,)).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    return [(p, dp, dc) for p, dp, dc in rows]

@@ -146,6 +146,13 @@ class CountWitness:
             return Verdict("mismatch", "; ".join(problems))
         return verdict
 
+    def seed(self, provider: str, prompt_delta: int | None, completion_delta: int) -> None:
+        """An earlier session's sample that its counts vouched for (exact or repaired): its
+        deltas are the provider's offsets, so a resumed run does not learn them again."""
+        if prompt_delta is not None:
+            self._side(provider, "prompt").add(prompt_delta)
+        self._side(provider, "completion").add(completion_delta)
+
     def state(self, provider: str) -> dict[str, Any]:
         """A provider's learned offsets: {side: {"state", "offset", "answers"}}."""
         out = {}
