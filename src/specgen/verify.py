@@ -17,6 +17,13 @@ and the normalised answer, and the stored ids must equal that render exactly:
 Where the backend returned true ids, their agreement with ours is a measurement: the share
 of samples whose prompt and completion ids equal ours exactly. It counts as a failure only
 beyond `max_true_mismatch` (docs/outputs.md explains the default and the simulator's raw mode).
+
+Per answering provider (and base URL, from the sample's successful attempt) verify also counts
+the samples by `count_check` (what the provider's own token counts said of them) and, where
+true ids exist, the reconstruction rate (ours == theirs, prompt and completion separately)
+with the first differing token of each mismatch, and how the count witness's verdict on our
+ids (`witness:<verdict>` in `repairs`) compares with the truth. None of that changes the exit
+status.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from .store import ResultRow, decode_result_row
 
 DEFAULT_MAX_TRUE_MISMATCH = 0.02
 SHOW = 5  # examples kept per check / per true-id kind
+MISMATCH_LIST = 20  # first differing tokens listed per provider
+COUNT_CHECKS = ("exact", "repaired", "unverified", "mismatch", "true_ids")
 
 # Kimi-family tool-call markers: (open, close) pairs that must balance, and the per-call ones.
 TOOL_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
@@ -75,6 +84,50 @@ class TrueIdStats:
 
 
 @dataclass
+class IdMatch:
+    """Reconstruction of one part (prompt or completion) for one provider."""
+
+    checked: int = 0
+    equal: int = 0  # ours == theirs
+    equal_but_stop: int = 0  # theirs lacks only our final stop token (counted as a match)
+
+    @property
+    def mismatched(self) -> int:
+        return self.checked - self.equal - self.equal_but_stop
+
+    @property
+    def rate(self) -> float | None:
+        """Share reconstructed (equal, or equal but the stop token); None without true ids."""
+        return (self.equal + self.equal_but_stop) / self.checked if self.checked else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "mismatched": self.mismatched, "rate": self.rate}
+
+
+@dataclass
+class ProviderCheck:
+    """What one answering provider's samples say: count_check verdicts, true-id agreement."""
+
+    provider: str
+    base_url: str | None
+    samples: int = 0
+    count_checks: Counter = field(default_factory=Counter)  # "unchecked": stored before it
+    prompt: IdMatch = field(default_factory=IdMatch)
+    completion: IdMatch = field(default_factory=IdMatch)
+    mismatches: list[dict[str, Any]] = field(default_factory=list)  # first MISMATCH_LIST
+    # true-id samples: the witness's verdict on our ids -> {"reconstructed": n, "differ": n}
+    witness: dict[str, Counter] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"provider": self.provider, "base_url": self.base_url, "samples": self.samples,
+                "count_checks": dict(sorted(self.count_checks.items())),
+                "true_ids": {"prompt": self.prompt.to_json(),
+                             "completion": self.completion.to_json(),
+                             "mismatches": self.mismatches},
+                "witness_vs_true_ids": {k: dict(v) for k, v in sorted(self.witness.items())}}
+
+
+@dataclass
 class VerifyReport:
     run_dir: str
     renderer: str
@@ -86,6 +139,13 @@ class VerifyReport:
     true_prompt: TrueIdStats = field(default_factory=TrueIdStats)
     true_completion: TrueIdStats = field(default_factory=TrueIdStats)
     max_true_mismatch: float = DEFAULT_MAX_TRUE_MISMATCH
+    providers: dict[tuple[str, str | None], ProviderCheck] = field(default_factory=dict)
+
+    def provider(self, name: str | None, base_url: str | None) -> ProviderCheck:
+        key = (name or "(unknown)", base_url)
+        if key not in self.providers:
+            self.providers[key] = ProviderCheck(*key)
+        return self.providers[key]
 
     @property
     def true_ids_ok(self) -> bool:
@@ -128,6 +188,8 @@ class VerifyReport:
             "true_ids": {"prompt": stats(self.true_prompt),
                          "completion": stats(self.true_completion),
                          "max_mismatch_rate": self.max_true_mismatch, "ok": self.true_ids_ok},
+            "providers": [self.providers[k].to_json() for k in sorted(
+                self.providers, key=lambda k: (k[0], k[1] or ""))],
         }
 
 
@@ -177,17 +239,46 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
         report = VerifyReport(run_dir=str(run_dir), renderer=renderer.name,
                               max_true_mismatch=max_true_mismatch)
         checker = SampleChecker(tok, renderer)
+        base_urls = BaseUrls(store)
         for raw in store.iter_result_tuples(datasets):
             report.samples += 1
+            # raw columns (RESULT_COLUMNS): 0 task, 5 provider, 22 count_check
+            pc = report.provider(raw[5], base_urls.of(raw[0], raw[5]))
+            pc.samples += 1
+            pc.count_checks[raw[22] or "unchecked"] += 1
             try:
                 row = decode_result_row(raw)
             except Exception as exc:  # noqa: BLE001 - any decoding error is a bad blob
                 report.add_sample([Problem("blob", raw[0], raw[3], raw[2], raw[4],
                                            f"stored sample cannot be decoded: {exc}")])
                 continue
-            report.add_sample(checker.check(row, report))
+            report.add_sample(checker.check(row, report, pc))
         report.store_problems = store_consistency(store)
     return report
+
+
+class BaseUrls:
+    """The base URL a sample came from: that of its task's successful attempt (by the same
+    provider, the latest when a merge re-pointed several); None where no attempt says."""
+
+    def __init__(self, store):
+        self.conn = store.conn
+        try:
+            n = self.conn.execute("SELECT COUNT(*) FROM (SELECT DISTINCT base_url FROM "
+                                  "attempts WHERE outcome = 'ok')").fetchone()[0]
+            self.only = (self.conn.execute("SELECT MAX(base_url) FROM attempts WHERE outcome "
+                                           "= 'ok'").fetchone()[0] if n == 1 else None)
+            self.many = n > 1
+        except Exception:  # noqa: BLE001 - a store without attempts: no base URLs
+            self.only, self.many = None, False
+
+    def of(self, task: int, provider: str | None) -> str | None:
+        if not self.many:
+            return self.only
+        row = self.conn.execute(
+            "SELECT base_url FROM attempts WHERE task = ? AND outcome = 'ok' "
+            "ORDER BY provider IS ? DESC, id DESC LIMIT 1", (task, provider)).fetchone()
+        return row[0] if row else None
 
 
 def store_consistency(store) -> list[str]:
@@ -218,8 +309,10 @@ class SampleChecker:
         self.section = tuple(sp.get(t) for t in TOOL_SECTION)
         self.call = tuple(sp.get(t) for t in TOOL_CALL)
 
-    def check(self, row: ResultRow, report: VerifyReport) -> list[Problem]:
-        """The problems of one sample (empty when it passes); true ids go into `report`."""
+    def check(self, row: ResultRow, report: VerifyReport,
+              pc: ProviderCheck | None = None) -> list[Problem]:
+        """The problems of one sample (empty when it passes); true ids go into `report`
+        (and into its provider's `pc`)."""
         problems: list[Problem] = []
 
         def problem(check: str, detail: str) -> None:
@@ -265,7 +358,7 @@ class SampleChecker:
             problem("text", "completion ids do not decode to the rendered completion text")
         self._check_specials(row, got_prompt, want_prompt, got_completion, problem, truncated)
         self._check_parse(row, got_completion, problem)
-        self._true_ids(row, got_prompt, got_completion, report)
+        self._true_ids(row, got_prompt, got_completion, report, pc)
         return problems
 
     def _truncated(self, row: ResultRow, messages, tools, got: list[int]) -> list[int]:
@@ -328,23 +421,61 @@ class SampleChecker:
             problem("parse", f"completion ids parse to a different {', '.join(mismatch)} "
                              "than the stored message")
 
-    def _true_ids(self, row: ResultRow, prompt, completion, report: VerifyReport) -> None:
+    def compare(self, kind: str, ours: list[int], theirs: list[int]) -> str:
+        """"equal", "equal_but_stop" (theirs lacks only our final stop token: some servers
+        leave it out) or "differ"."""
+        if theirs == ours:
+            return "equal"
+        if kind == "completion" and ours and ours[-1] in self.stop_ids and theirs == ours[:-1]:
+            return "equal_but_stop"
+        return "differ"
+
+    def _true_ids(self, row: ResultRow, prompt, completion, report: VerifyReport,
+                  pc: ProviderCheck | None = None) -> None:
+        outcomes = []
         for kind, ours, theirs, stats in (
                 ("prompt", prompt, row.true_prompt_ids, report.true_prompt),
                 ("completion", completion, row.true_completion_ids, report.true_completion)):
             if theirs is None:
                 continue
+            outcome = self.compare(kind, ours, theirs)
+            outcomes.append(outcome)
             stats.checked += 1
-            if theirs == ours:
+            if pc is not None:
+                self._record(pc, row, kind, ours, theirs, outcome)
+            if outcome == "equal":
                 stats.equal += 1
                 continue
-            if kind == "completion" and ours and ours[-1] in self.stop_ids and theirs == ours[:-1]:
+            if outcome == "equal_but_stop":
                 stats.equal_but_stop += 1
                 continue
             if self.tok.decode(theirs) == self.tok.decode(ours):
                 stats.same_text += 1
             if len(stats.examples) < SHOW:
                 stats.examples.append(self._true_example(row, ours, theirs))
+        if pc is not None and len(outcomes) == 2:  # the witness measured against the truth
+            verdict = next((r.split(":", 1)[1] for r in row.repairs
+                            if r.startswith("witness:")), "none")
+            key = "differ" if "differ" in outcomes else "reconstructed"
+            pc.witness.setdefault(verdict, Counter())[key] += 1
+
+    @staticmethod
+    def _record(pc: ProviderCheck, row: ResultRow, kind: str, ours, theirs,
+                outcome: str) -> None:
+        m = pc.prompt if kind == "prompt" else pc.completion
+        m.checked += 1
+        if outcome == "equal":
+            m.equal += 1
+        elif outcome == "equal_but_stop":
+            m.equal_but_stop += 1
+        elif len(pc.mismatches) < MISMATCH_LIST:
+            at = first_diff(ours, theirs)
+            pc.mismatches.append({
+                "task": row.task, "dataset": row.dataset, "conv_id": row.conv_id,
+                "turn": row.turn, "kind": kind, "index": at,
+                "ours": ours[at] if at < len(ours) else None,
+                "theirs": theirs[at] if at < len(theirs) else None,
+                "ours_len": len(ours), "theirs_len": len(theirs)})
 
     def _true_example(self, row: ResultRow, ours, theirs) -> dict[str, Any]:
         at = first_diff(ours, theirs)
@@ -428,5 +559,47 @@ def format_report(r: VerifyReport) -> str:
                          f"{ex['theirs']}")
     if not r.true_ids_ok:
         lines.append(f"  true-id mismatch rate above --max-true-mismatch {r.max_true_mismatch:g}")
+    lines += format_providers(r)
     lines.append("OK" if r.ok else "FAILED")
     return "\n".join(lines)
+
+
+def _pct(m: IdMatch) -> str:
+    if not m.checked:
+        return "—"
+    return f"{m.equal + m.equal_but_stop}/{m.checked} ({100 * (m.rate or 0):.2f}%)"
+
+
+def format_providers(r: VerifyReport) -> list[str]:
+    """The per-provider table: samples by count_check; true-id reconstruction per part."""
+    if not r.providers:
+        return []
+    pcs = [r.providers[k] for k in sorted(r.providers, key=lambda k: (k[0], k[1] or ""))]
+    seen = {c for pc in pcs for c in pc.count_checks}  # columns that are all 0 are left out
+    checks = [c for c in COUNT_CHECKS if c in seen] + sorted(seen - set(COUNT_CHECKS))
+    head = ["provider", "base_url", "samples", *checks, "true prompt", "true completion"]
+    rows = [[pc.provider, pc.base_url or "—", str(pc.samples),
+             *(str(pc.count_checks.get(c, 0)) for c in checks), _pct(pc.prompt),
+             _pct(pc.completion)] for pc in pcs]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = ["  per provider (count_check of the samples; true ids: ours == theirs):"]
+    for cells in (head, *rows):
+        lines.append("    " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                                        for i, (c, w) in enumerate(zip(cells, widths,
+                                                                       strict=True))).rstrip())
+    for pc in pcs:
+        where = f"{pc.provider}" + (f" ({pc.base_url})" if pc.base_url else "")
+        if set(pc.witness) - {"none"}:  # samples judged by the witness before storing
+            lines.append(f"    {where}: witness verdict on our ids vs true ids: " + ", ".join(
+                f"{v} {c.get('reconstructed', 0)} reconstructed / {c.get('differ', 0)} differ"
+                for v, c in sorted(pc.witness.items())))
+        n = pc.prompt.mismatched + pc.completion.mismatched
+        if not n:
+            continue
+        shown = f" (first {len(pc.mismatches)})" if n > len(pc.mismatches) else ""
+        lines.append(f"    {where}: {n} true-id mismatch(es){shown}:")
+        for m in pc.mismatches:
+            lines.append(f"      {m['dataset']}/{m['conv_id']} turn {m['turn']} {m['kind']}: "
+                         f"first difference at token {m['index']}: ours {m['ours']} vs "
+                         f"theirs {m['theirs']} (lengths {m['ours_len']} / {m['theirs_len']})")
+    return lines

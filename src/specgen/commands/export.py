@@ -27,6 +27,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--merge-prefix", action="store_true",
                    help="tokens: merge a conversation's samples into one row when each is an "
                         "id-level prefix of the next (every sampled span masked)")
+    p.add_argument("--include-mismatched", action="store_true",
+                   help="also export samples whose ids contradict the provider's own token "
+                        "counts (count_check = mismatch); left out by default")
     p.set_defaults(func=run)
 
 
@@ -41,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     opts = ExportOptions(
         format=args.format, out=Path(args.output) if args.output else None,
         datasets=list(args.dataset), jsonl=args.jsonl,
-        split_by_dataset=args.split_by_dataset, merge_prefix=args.merge_prefix)
+        split_by_dataset=args.split_by_dataset, merge_prefix=args.merge_prefix,
+        include_mismatched=args.include_mismatched)
     try:
         manifest = export_run(args.run_dir, opts)
     except (ExportError, StoreError) as exc:
@@ -61,4 +65,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {f['rows']} rows to {out / f['path'] if opts.split_by_dataset else out}")
     print(f"{t['samples']} samples, {t['tokens']} tokens ({t['loss_tokens']} trained on); "
           f"manifest {manifest['manifest_path']}")
+    if t["true_id_samples"]:
+        print(f"{t['true_id_samples']} of them as the backend's own ids (true ids)")
+    if t["excluded_mismatch"]:
+        print(f"left out {t['excluded_mismatch']} sample(s) whose ids contradict the provider's "
+              "token counts (count_check = mismatch); --include-mismatched exports them")
+    elif opts.include_mismatched and t["count_checks"].get("mismatch"):
+        print(f"included {t['count_checks']['mismatch']} sample(s) with count_check = mismatch")
     return 0

@@ -25,7 +25,14 @@ from .conversations import (
     specforge_row,
 )
 from .snapshot import read_snapshot
-from .tokens import parquet_schema, token_row, token_samples
+from .tokens import (
+    exported_count_check,
+    exported_ids,
+    has_true_ids,
+    parquet_schema,
+    token_row,
+    token_samples,
+)
 from .writers import JsonlWriter, ParquetWriter, Writer
 
 FORMATS = ("tokens", "specforge", "openai")
@@ -43,6 +50,7 @@ class ExportOptions:
     jsonl: bool = False  # tokens as JSONL instead of Parquet
     split_by_dataset: bool = False
     merge_prefix: bool = False
+    include_mismatched: bool = False  # also export samples with count_check = "mismatch"
 
     def extension(self) -> str:
         return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
@@ -59,16 +67,24 @@ class DatasetTotals:
     prompt_tokens: int = 0  # usage as reported by the API
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    true_id_samples: int = 0  # samples exported as the backend's own ids
+    excluded_mismatch: int = 0  # samples left out: count_check = "mismatch"
+    # exported samples by count_check as written ("unchecked": stored before the check)
+    count_checks: dict[str, int] = field(default_factory=dict)
 
     def add_samples(self, rows: Sequence[ResultRow]) -> None:
         self.conversations += 1
         for r in rows:
+            ids, n_prompt = exported_ids(r)
             self.samples += 1
-            self.tokens += len(r.input_ids)
-            self.loss_tokens += len(r.input_ids) - r.n_prompt
+            self.tokens += len(ids)
+            self.loss_tokens += len(ids) - n_prompt
             self.prompt_tokens += r.prompt_tokens or 0
             self.completion_tokens += r.completion_tokens or 0
             self.cost_usd += r.cost_usd or 0.0
+            self.true_id_samples += has_true_ids(r)
+            check = exported_count_check(r) or "unchecked"
+            self.count_checks[check] = self.count_checks.get(check, 0) + 1
 
 
 def default_out(run_dir: Path, opts: ExportOptions) -> Path:
@@ -228,7 +244,10 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
     if not opts.split_by_dataset:
         writer_for("")  # one file, even when the run has no samples yet
     try:
-        groups = group_by_conversation(_checked(store.iter_results(selected)))
+        rows_in = _checked(store.iter_results(selected))
+        if not opts.include_mismatched:
+            rows_in = _without_mismatched(rows_in, totals)
+        groups = group_by_conversation(rows_in)
         if opts.format == "tokens":
             for rows, samples in token_samples(groups, merge=opts.merge_prefix):
                 t = totals[rows[0].dataset]
@@ -243,7 +262,7 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
             for rows in groups:
                 t = totals[rows[0].dataset]
                 t.add_samples(rows)
-                t.exported_tokens += sum(len(r.input_ids) for r in rows)
+                t.exported_tokens += sum(len(exported_ids(r)[0]) for r in rows)
                 w = writer_for(rows[0].dataset)
                 for conv in regenerated_conversations(rows):
                     w.write(make_row(conv))
@@ -273,6 +292,22 @@ def _checked(rows):
         yield row
 
 
+def is_mismatched(r: ResultRow) -> bool:
+    """A sample whose ids the provider's own token counts contradict (the sample is wrong).
+    Not when the backend returned its ids: those are what is exported, and the verdict was
+    about our rebuilt ids."""
+    return r.count_check == "mismatch" and not has_true_ids(r)
+
+
+def _without_mismatched(rows, totals: dict[str, DatasetTotals]):
+    """The samples less the mismatched ones, counted per dataset as excluded."""
+    for r in rows:
+        if is_mismatched(r):
+            totals[r.dataset].excluded_mismatch += 1
+            continue
+        yield r
+
+
 def _open_writer(path: Path, temp: Path, opts: ExportOptions, meta: dict[str, str]) -> Writer:
     if opts.format == "tokens" and not opts.jsonl:
         return ParquetWriter(path, parquet_schema(merged=opts.merge_prefix), temp=temp, metadata={
@@ -292,7 +327,13 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
     total = DatasetTotals()
     for t in totals.values():
         for k in asdict(total):
-            setattr(total, k, getattr(total, k) + getattr(t, k))
+            if k == "count_checks":
+                for check, n in t.count_checks.items():
+                    total.count_checks[check] = total.count_checks.get(check, 0) + n
+            else:
+                setattr(total, k, getattr(total, k) + getattr(t, k))
+    for t in (total, *totals.values()):
+        t.count_checks = dict(sorted(t.count_checks.items()))
     for t in (total, *totals.values()):
         t.cost_usd = round(t.cost_usd, 10)  # no float-sum noise in the manifest
     per = {d: asdict(t) for d, t in totals.items()}
@@ -316,6 +357,16 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
         "totals": asdict(total),
         "per_dataset": per,
         "loss_mask": "1 on the ids the model sampled (completion), 0 on the prompt",
+        "ids": "the backend's own ids where it returned them (true_prompt_ids + "
+               "true_completion_ids), else specgen's rebuilt ids",
+        "excluded": {
+            "samples": total.excluded_mismatch,
+            "by_reason": {"count_mismatch": total.excluded_mismatch},
+            "why": ("left out: samples whose ids contradict the provider's own token counts "
+                    "(count_check = mismatch); --include-mismatched exports them"
+                    if not opts.include_mismatched else
+                    "none left out: --include-mismatched was given"),
+        },
     }
 
 

@@ -1,4 +1,13 @@
-"""The `tokens` export: one row per training sample, `input_ids` + `loss_mask` + metadata."""
+"""The `tokens` export: one row per training sample, `input_ids` + `loss_mask` + metadata.
+
+**True ids first.** When the backend returned the ids it processed and sampled (vLLM/SGLang
+`return_token_ids`, the simulator: `true_prompt_ids` and `true_completion_ids` both stored),
+those are the sample: `input_ids` = true prompt + true completion, mask 0 on the prompt, 1 on
+the completion. Our rebuilt ids then only measure reconstruction (`specgen verify`).
+
+Every row also carries the provider's witness: its usage counts, the sample's `count_check`
+("true_ids" whenever the exported ids are the backend's) and the repairs applied.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,35 @@ from dataclasses import dataclass, field
 
 from ..store import ResultRow
 from .conversations import sample_id
+
+TRUE_IDS = "true_ids"
+
+
+def has_true_ids(r: ResultRow) -> bool:
+    return r.true_prompt_ids is not None and r.true_completion_ids is not None
+
+
+def exported_ids(r: ResultRow) -> tuple[list[int], int]:
+    """(input_ids, n_prompt) of the sample as exported: the backend's ids when it returned
+    them (both parts), else ours."""
+    if has_true_ids(r):
+        prompt = r.true_prompt_ids or []
+        return [*prompt, *(r.true_completion_ids or [])], len(prompt)
+    return r.input_ids, r.n_prompt
+
+
+def exported_count_check(r: ResultRow) -> str | None:
+    """The count_check of the exported sample: "true_ids" when the ids are the backend's."""
+    return TRUE_IDS if has_true_ids(r) else r.count_check
+
+
+# From least to most trusted: a merged row carries its least trusted part's verdict.
+_TRUST = ("mismatch", None, "unverified", "repaired", "exact", TRUE_IDS)
+
+
+def _weakest(a: str | None, b: str | None) -> str | None:
+    rank = {v: i for i, v in enumerate(_TRUST)}
+    return a if rank.get(a, 0) <= rank.get(b, 0) else b
 
 
 @dataclass(slots=True)
@@ -27,6 +65,12 @@ class TokenSample:
     reasoning_tokens: int | None
     cost_usd: float | None
     turns: list[int] = field(default_factory=list)
+    # the witness: the provider's counts of what n_prompt / num_loss_tokens count (a merged
+    # row: its first sample's prompt, the sum of its samples' completions), the verdict, repairs
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    count_check: str | None = None
+    repairs: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -34,12 +78,16 @@ class TokenSample:
 
     @classmethod
     def from_row(cls, r: ResultRow) -> TokenSample:
+        ids, n_prompt = exported_ids(r)
         return cls(
-            dataset=r.dataset, conv_id=r.conv_id, turn=r.turn, input_ids=r.input_ids,
-            loss_mask=r.loss_mask, n_prompt=r.n_prompt, provider=r.provider, model=r.model,
+            dataset=r.dataset, conv_id=r.conv_id, turn=r.turn, input_ids=ids,
+            loss_mask=[0] * n_prompt + [1] * (len(ids) - n_prompt), n_prompt=n_prompt,
+            provider=r.provider, model=r.model,
             finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens,
             completion_tokens=r.completion_tokens, reasoning_tokens=r.reasoning_tokens,
             cost_usd=r.cost_usd, turns=[r.turn],
+            usage_prompt_tokens=r.prompt_tokens, usage_completion_tokens=r.completion_tokens,
+            count_check=exported_count_check(r), repairs=list(r.repairs),
         )
 
 
@@ -49,8 +97,9 @@ def is_prefix(a: list[int], b: list[int]) -> bool:
 
 def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
     """Merge consecutive samples of one conversation where each is an id-level prefix of the
-    next: the longer sequence with every sampled span masked (masks OR-ed). Samples where the
-    property does not hold stay separate."""
+    next (on the ids exported: true ids where the backend returned them): the longer sequence
+    with every sampled span masked (masks OR-ed). Samples where the property does not hold
+    stay separate."""
     out: list[TokenSample] = []
     for s in samples:
         prev = out[-1] if out else None
@@ -68,6 +117,13 @@ def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
                 completion_tokens=_add(prev.completion_tokens, s.completion_tokens),
                 reasoning_tokens=_add(prev.reasoning_tokens, s.reasoning_tokens),
                 cost_usd=_add(prev.cost_usd, s.cost_usd), turns=[*prev.turns, s.turn],
+                usage_prompt_tokens=prev.usage_prompt_tokens,
+                usage_completion_tokens=(
+                    None if prev.usage_completion_tokens is None
+                    or s.usage_completion_tokens is None
+                    else prev.usage_completion_tokens + s.usage_completion_tokens),
+                count_check=_weakest(prev.count_check, s.count_check),
+                repairs=[*prev.repairs, *(x for x in s.repairs if x not in prev.repairs)],
             )
         else:
             out.append(s)
@@ -108,6 +164,9 @@ def token_row(s: TokenSample, *, merged: bool) -> dict:
         "provider": s.provider, "model": s.model, "finish_reason": s.finish_reason,
         "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
         "reasoning_tokens": s.reasoning_tokens, "cost_usd": s.cost_usd,
+        "usage_prompt_tokens": s.usage_prompt_tokens,
+        "usage_completion_tokens": s.usage_completion_tokens,
+        "count_check": s.count_check, "repairs": s.repairs,
     }
     if merged:
         row["merged_turns"] = s.turns
@@ -125,6 +184,8 @@ def parquet_schema(*, merged: bool):
         ("finish_reason", pa.string()), ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()), ("reasoning_tokens", pa.int64()),
         ("cost_usd", pa.float64()),
+        ("usage_prompt_tokens", pa.int64()), ("usage_completion_tokens", pa.int64()),
+        ("count_check", pa.string()), ("repairs", pa.list_(pa.string())),
     ]
     if merged:
         fields.append(("merged_turns", pa.list_(pa.int32())))

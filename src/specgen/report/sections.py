@@ -99,17 +99,20 @@ def _tokens_cost(s: RunStats) -> Section:
                 usd(d["cost_usd"]), usd(d["billed_usd"]), d["attempts"], d["failed_attempts"]]
                for d in s.datasets]
     pr_rows = [[p["provider"], p["samples"], p["prompt_tokens"], p["completion_tokens"],
-                usd(p["cost_usd"]), usd(p["billed_usd"]), p["attempts"], p["failed_attempts"]]
+                usd(p["cost_usd"]), usd(p["billed_usd"]), p["attempts"], p["failed_attempts"],
+                _count_checks(p.get("count_checks"))]
                for p in s.providers]
     sec = Section("tokens-cost", "Tokens and cost", [
         Table("Per dataset", ["dataset", "samples", "conversations", "prompt tok", "completion tok",
                               "reasoning tok", "trained tok", "cost (kept)", "billed (all)",
                               "attempts", "failed"], ds_rows),
         Table("Per provider", ["provider", "samples", "prompt tok", "completion tok",
-                               "cost (kept)", "billed (all)", "attempts", "failed"], pr_rows)])
+                               "cost (kept)", "billed (all)", "attempts", "failed",
+                               "count checks"], pr_rows)])
     sec.notes.append("Tokens are the API's usage counts; 'trained tok' counts our ids under loss "
                      "mask 1. 'billed (all)' adds the cost of attempts that were retried, "
-                     "rejected or quarantined.")
+                     "rejected or quarantined. 'count checks': the kept samples by what the "
+                     "provider's own token counts said of them (count_check; docs/quality.md).")
     sec.charts.append(svg.bar_chart([(d["dataset"], d["completion_tokens"]) for d in s.datasets],
                                     title="Completion tokens per dataset"))
     sec.charts.append(svg.bar_chart([(d["dataset"], d["billed_usd"]) for d in s.datasets],
@@ -117,6 +120,11 @@ def _tokens_cost(s: RunStats) -> Section:
     sec.charts.append(svg.bar_chart([(p["provider"], p["billed_usd"]) for p in s.providers],
                                     title="Billed USD per provider", value_fmt=usd))
     return sec
+
+
+def _count_checks(checks: dict[str, int] | None) -> str:
+    """`exact 12, mismatch 1`: a provider's kept samples by count_check."""
+    return ", ".join(f"{k} {n}" for k, n in sorted((checks or {}).items())) or "—"
 
 
 def _lengths(s: RunStats) -> Section:

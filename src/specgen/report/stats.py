@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,13 @@ def collect(store) -> RunStats:
     for r in q("SELECT COALESCE(provider, '?'), COUNT(*), SUM(outcome != 'ok'), SUM(cost_usd) "
                "FROM attempts GROUP BY 1"):
         providers[r[0]].update(attempts=r[1], failed_attempts=r[2] or 0, billed_usd=r[3] or 0.0)
+    try:  # what each provider's own token counts said of its kept samples
+        checks = q("SELECT COALESCE(provider, '?'), COALESCE(count_check, 'unchecked'), "
+                   "COUNT(*) FROM results GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+    except sqlite3.OperationalError:  # an older store opened read-only: no such column
+        checks = []
+    for provider, check, n in checks:
+        providers[provider].setdefault("count_checks", {})[check] = n
 
     lengths: dict[str, list[int]] = defaultdict(list)
     finish: dict[str, Counter] = defaultdict(Counter)
