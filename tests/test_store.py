@@ -32,7 +32,7 @@ def result_row(task: int, conv: int, ds: str = "a", turn: int = 1, ids=(1, 2, 3,
     return (task, conv, ds, turn, "p1", "m", "stop", "stop",
             pack_json({"messages": [{"role": "user", "content": "q"}], "tools": None}),
             orjson.dumps({"role": "assistant", "content": "a"}).decode(), pack_ids(ids),
-            n_prompt, None, None, 10, 5, 0, 0.01, "[]", 0.5, time.time())
+            n_prompt, None, None, 10, 5, 0, 0.01, "[]", 0.5, time.time(), "exact")
 
 
 def attempt_row(task: int, ds: str = "a", outcome: str = "ok", cost: float | None = 0.01,
