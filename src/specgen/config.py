@@ -58,7 +58,16 @@ class EndpointConfig:
     max_attempts: int = 6
     adaptive_concurrency: bool = True
     min_concurrency: int = 4
-    return_token_ids: bool = False  # ask vLLM/SGLang/sim for the true prompt+completion ids
+    # Ask vLLM/SGLang/sim for the true prompt+completion ids. None (unset) = on for servers
+    # that are local engines: every base URL a local host and no OpenRouter-like endpoint
+    # list (resolved at start, see specgen.engine.runner); off otherwise.
+    return_token_ids: bool | None = None
+    # "chat": /chat/completions with messages (the server renders the template);
+    # "tokens": our renderer's prompt ids sent as a token prompt to a local engine (vLLM
+    # /v1/completions, SGLang /generate), the sampled ids parsed back into the message.
+    mode: Literal["chat", "tokens"] = "chat"
+    # Token-in API: "vllm" (/v1/completions), "sglang" (/generate); "auto" = vllm.
+    token_api: Literal["auto", "vllm", "sglang"] = "auto"
     retry_base_delay: float = 1.0  # full-jitter exponential backoff: base and cap, seconds
     retry_max_delay: float = 60.0
     quarantine_retries: int = 0  # re-ask this many times when an answer is quarantined
@@ -78,6 +87,15 @@ class EndpointConfig:
     @property
     def is_sim(self) -> bool:
         return self.base_url == ["sim"]
+
+    @property
+    def tokens_mode(self) -> bool:
+        return self.mode == "tokens"
+
+    @property
+    def token_api_name(self) -> str:
+        """`vllm` or `sglang` (what `token_api = "auto"` means)."""
+        return "sglang" if self.token_api == "sglang" else "vllm"
 
 
 @dataclass
@@ -444,6 +462,14 @@ def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
             )
         if not isinstance(ep.headers[name], str):
             raise ConfigError(f"{where}: endpoint.headers.{name} must be a string")
+    if ep.mode == "tokens":
+        hosted = [u for u in ep.base_url
+                  if (urlsplit(u).hostname or "").lower().endswith("openrouter.ai")]
+        if hosted or ep.dialect == "openrouter":
+            raise ConfigError(
+                f"{where}: endpoint.mode = \"tokens\" sends token-id prompts, which only local "
+                "engines take (vLLM /v1/completions, SGLang /generate); OpenRouter takes chat "
+                "messages: use mode = \"chat\" there")
     for i, slug in enumerate(ep.accept_models):
         if not slug.strip():
             raise ConfigError(f"{where}: endpoint.accept_models[{i}] must not be empty")

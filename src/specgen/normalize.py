@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from .client.types import ChatResponse, RawToolCall
 from .conversation import AssistantMessage, Message, Tool, ToolCall
-from .render.base import Renderer
+from .render.base import Renderer, RenderError, first_difference
 from .render.kimi import (
     CALL_ARG,
     CALL_BEGIN,
@@ -64,6 +64,7 @@ QUARANTINE_REASONS = (
     "length", "content_filter", "incomplete", "empty", "missing_tool_calls",
     "bad_tool_arguments", "unknown_tool", "bad_tool_call_markup", "conflicting_tool_calls",
     "unbalanced_reasoning", "unexpected_reasoning", "missing_reasoning", "stray_special_token",
+    "no_token_ids", "missing_stop_token", "unparseable", "prompt_mismatch", "count_mismatch",
 )
 _NATIVE_ID = re.compile(r"^functions\.(?P<name>.+):(?P<k>\d+)$")
 _TOOL_MARKERS = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, CALL_ARG, CALL_END)
@@ -91,6 +92,7 @@ class Normalized:
     repairs: list[str] = field(default_factory=list)
     truncated: bool = False
     reasoning_closed: bool = True
+    ids: list[int] | None = None  # token-in answers: the sampled ids, which are the sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +229,54 @@ def normalize(
         reasoning = d.no_reasoning
     message = AssistantMessage(content=content, reasoning=reasoning, tool_calls=tuple(calls))
     return Normalized(message, repairs, truncated=truncated, reasoning_closed=closed)
+
+
+def normalize_ids(
+    resp: ChatResponse,
+    *,
+    tools: list[Tool] | None,
+    renderer: Renderer,
+    prompt_ids: Sequence[int],
+    on_length: str = "drop",
+) -> Normalized:
+    """A token-in answer (`[endpoint] mode = "tokens"`): the sampled ids are the sample; the
+    message for the next turn is parsed from them by the renderer's own parser.
+
+    The server's own witnesses are checked: prompt ids it echoes must be the ones sent, and
+    its usage counts must count these ids. Raises Quarantined."""
+    truncated = _check_finish(resp, on_length)
+    ids = resp.completion_token_ids
+    if not ids:
+        raise Quarantined("no_token_ids" if ids is None else "empty",
+                          "the server returned no sampled ids")
+    echoed = resp.prompt_token_ids
+    if echoed is not None and list(echoed) != list(prompt_ids):
+        at = first_difference(echoed, prompt_ids)
+        raise Quarantined("prompt_mismatch", f"the server's prompt ids differ from the ones "
+                          f"sent at token {at} ({len(echoed)} vs {len(prompt_ids)} ids)")
+    usage = resp.usage or {}
+    for key, ours in (("prompt_tokens", len(prompt_ids)), ("completion_tokens", len(ids))):
+        theirs = usage.get(key)
+        if isinstance(theirs, int) and not isinstance(theirs, bool) and theirs != ours:
+            raise Quarantined("count_mismatch", f"usage.{key} {theirs}, ids {ours}")
+    stops = renderer.stop_token_ids
+    repairs = ["stop_token_appended"] if resp.stop_appended else []
+    if not truncated and ids[-1] not in stops:
+        if not isinstance(resp.stop_reason, str):
+            raise Quarantined("missing_stop_token", "finish_reason stop, but the ids end "
+                              "without a stop token and the server named none")
+        repairs.append("stop_string")  # cut at a sampling.stop string: no stop token
+    if any(i in stops for i in ids[:-1]):
+        raise Quarantined("stray_special_token", "a stop token inside the answer")
+    try:
+        message = renderer.parse_completion(ids)
+    except RenderError as exc:
+        raise Quarantined("unparseable", str(exc)) from None
+    _check_calls(message.tool_calls, tools)
+    closed = not truncated or message.reasoning is None or bool(message.content
+                                                                or message.tool_calls)
+    return Normalized(message, repairs, truncated=truncated, reasoning_closed=closed,
+                      ids=list(ids))
 
 
 def sampled_completion_ids(

@@ -22,13 +22,13 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from .config import DatasetConfig, RunConfig
 from .conversation import AssistantMessage, Conversation
 from .planner import End, TurnRequest, next_request
 from .render.base import Renderer, RenderError
-from .request import build_request, request_dialect
+from .request import build_request, build_token_request, request_dialect
 from .sources import Row, SourceError, count_rows, detect_dataset_format, iter_rows
 from .sources.files import iter_records
 
@@ -250,7 +250,13 @@ def planned_requests(conv: Conversation, turns: str) -> list[TurnRequest]:
 
 def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Conversation,
             row: int, req: TurnRequest, prompt_ids: list[int]) -> SamplePreview:
-    body = build_request(cfg, ds, req)
+    ep = cfg.endpoint
+    if ep.tokens_mode:
+        body = build_token_request(cfg, ds, prompt_ids, renderer.stop_token_ids)
+        path = "/generate" if ep.token_api_name == "sglang" else "/completions"
+    else:
+        body = build_request(cfg, ds, req)
+        path = "/chat/completions"
     completion: list[int] = []
     answer = "model"
     if req.turn < len(conv.messages):
@@ -260,9 +266,11 @@ def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Convers
             answer = "dataset"
         except RenderError:
             completion = []
-    base = cfg.endpoint.base_url[0]
-    url = "(the built-in simulator)/chat/completions" if base == "sim" else (
-        base.rstrip("/") + "/chat/completions")
+    base = ep.base_url[0]
+    if path == "/generate" and base != "sim":  # SGLang's native API sits at the root
+        parts = urlsplit(base)
+        base = f"{parts.scheme}://{parts.netloc}"
+    url = f"(the built-in simulator){path}" if base == "sim" else base.rstrip("/") + path
     return SamplePreview(conversation_id=conv.id, row=row, turn=req.turn, url=url,
                          headers=request_headers(cfg), body=body,
                          input_ids=[*prompt_ids, *completion], n_prompt=len(prompt_ids),

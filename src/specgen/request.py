@@ -13,10 +13,15 @@ Two dialects, chosen by `endpoint.dialect`, or (`auto`) from the base URL:
 
 Tools always travel as the `tools` parameter, never as system text. The body never holds
 secrets: keys go in headers (the client's job).
+
+`build_token_request` is the token-in body (`[endpoint] mode = "tokens"`): our renderer's
+prompt ids for vLLM's `/v1/completions` or SGLang's `/generate`; no template runs on the server.
 """
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -33,6 +38,32 @@ def dialect(base_url: str) -> str:
         return "openrouter"
     host = (urlparse(base_url).hostname or "").lower()
     return "openrouter" if host == "openrouter.ai" or host.endswith(".openrouter.ai") else "openai"
+
+
+LOCAL_SUFFIXES = (".local", ".internal", ".localdomain", ".lan", ".svc", ".cluster.local")
+
+
+def is_local_url(base_url: str) -> bool:
+    """Whether a base URL names a machine of one's own: localhost, a loopback, private or
+    link-local address, a single-label host name (`vllm-0`) or a local-only domain."""
+    if base_url == "sim":
+        return False
+    host = (urlparse(base_url).hostname or "").lower().rstrip(".")
+    if not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost") or host.endswith(LOCAL_SUFFIXES):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return "." not in host
+    return ip.is_loopback or ip.is_private or ip.is_link_local
+
+
+def local_engines(base_urls: Iterable[str]) -> bool:
+    """Every base URL is a local server (so vLLM/SGLang-style fields are safe to send)."""
+    urls = list(base_urls)
+    return bool(urls) and all(is_local_url(u) for u in urls)
 
 
 def request_dialect(cfg: RunConfig, base_url: str | None = None) -> str:
@@ -81,6 +112,60 @@ def build_request(
             body[key] = value
     body.pop("models", None)  # never a fallback to other models (the config refuses it too)
     return body
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")
+
+
+def build_token_request(
+    cfg: RunConfig, ds: DatasetConfig, prompt_ids: Sequence[int], stop_ids: Iterable[int],
+) -> dict[str, Any]:
+    """The token-in body for `endpoint.token_api` (docs/client.md, "Token-in mode").
+
+    vLLM `/v1/completions`: `prompt` is the id list; the stop ids are asked to stay in the
+    returned ids (`include_stop_str_in_output`), special tokens in the text. SGLang `/generate`:
+    `input_ids` and a `sampling_params` object. Both ask for the ids, never for a template."""
+    s = cfg.sampling
+    stops = sorted(int(i) for i in stop_ids)
+    max_tokens = cfg.max_tokens_for(ds)
+    params = {k: getattr(s, k) for k in SAMPLING_KEYS if getattr(s, k) is not None}
+    if cfg.endpoint.token_api_name == "sglang":
+        sampling: dict[str, Any] = {"max_new_tokens": max_tokens, **params,
+                                    "stop_token_ids": stops, "skip_special_tokens": False,
+                                    "no_stop_trim": True}
+        sampling.pop("seed", None)  # SGLang's per-request seed is `sampling_seed`
+        if s.seed is not None:
+            sampling["sampling_seed"] = s.seed
+        if s.stop:
+            sampling["stop"] = list(s.stop)
+        body: dict[str, Any] = {"input_ids": list(prompt_ids), "sampling_params": sampling,
+                                "stream": False}
+    else:
+        body = {"model": cfg.target.model, "prompt": list(prompt_ids),
+                "max_tokens": max_tokens, **params, "stop_token_ids": stops,
+                "include_stop_str_in_output": True, "skip_special_tokens": False,
+                "spaces_between_special_tokens": False, "return_token_ids": True,
+                "stream": bool(cfg.endpoint.stream)}
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if cfg.endpoint.stream:
+            body["stream_options"] = {"include_usage": True}
+    for key, value in (s.extra or {}).items():
+        if key not in PROTECTED and key not in TOKEN_PROTECTED:
+            body[key] = value
+    return body
+
+
+TOKEN_PROTECTED = frozenset({"prompt", "input_ids", "return_token_ids"})
+
+
+def with_max_tokens(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """A copy of a chat or token-in body with another completion limit (SGLang's lives in
+    `sampling_params.max_new_tokens`)."""
+    if "input_ids" in body and isinstance(body.get("sampling_params"), dict):
+        return {**body, "sampling_params": {**body["sampling_params"],
+                                            "max_new_tokens": max_tokens}}
+    return {**body, "max_tokens": max_tokens}
 
 
 def reasoning_object(setting: bool | dict[str, Any]) -> dict[str, Any]:

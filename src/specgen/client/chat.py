@@ -21,6 +21,7 @@ from .balancer import Balancer
 from .deadline import Deadline
 from .errors import Redactor, describe_error, error_from_response, snippet
 from .parse import StreamParser, parse_completion
+from .tokens import finish_token_answer, parse_token_completion, token_path
 from .types import ApiError, ChatResponse
 
 if TYPE_CHECKING:
@@ -232,13 +233,24 @@ class ChatClient:
             return await self._call("POST", None, payload, bool(stream))
         raise ApiError("bad_request", f"request body is not JSON-serialisable: {problem}")
 
+    async def complete_tokens(self, body: dict[str, Any], api: str = "vllm") -> ChatResponse:
+        """POST a token-in body (`specgen.request.build_token_request`) to vLLM's
+        `/completions` or SGLang's `/generate`; the answer holds the sampled ids (and no
+        text fields), or an `ApiError` classified as for chat."""
+        try:
+            payload = orjson.dumps(body)
+        except TypeError as exc:
+            raise ApiError("bad_request", f"request body is not JSON-serialisable: {exc}"
+                           ) from None
+        return await self._call("POST", None, payload, bool(body.get("stream")), token_api=api)
+
     async def get_json(self, path: str) -> Any:
         """GET `<base_url>/<path>` and return its JSON, e.g. `models/{author}/{slug}/endpoints`
         or `key` (OpenRouter). Errors are classified like chat errors."""
         return await self._call("GET", path, None, False)
 
     async def _call(self, method: str, path: str | None, payload: bytes | None,
-                    stream: bool) -> Any:
+                    stream: bool, token_api: str | None = None) -> Any:
         session = self._session
         if session is None:
             raise RuntimeError("ChatClient is not open: use 'async with ChatClient(...)'")
@@ -256,7 +268,10 @@ class ChatClient:
         status: int | None = None
         try:
             try:
-                url = ep.chat_url if path is None else ep.url_for(path)
+                if token_api is not None:
+                    url = ep.url_for(token_path(token_api), root=token_api == "sglang")
+                else:
+                    url = ep.chat_url if path is None else ep.url_for(path)
                 async with session.request(method, url, data=payload,
                                            allow_redirects=False) as resp:
                     first_byte_at = time.time()
@@ -275,6 +290,11 @@ class ChatClient:
                             parser = StreamParser()
                             await self._read_stream(resp, deadline, parser)
                             result = parser.finish()
+                            if token_api is not None:
+                                result = finish_token_answer(result)
+                        elif token_api is not None:
+                            result = parse_token_completion(
+                                (await self._read(resp, deadline))[0], token_api)
                         else:
                             result = parse_completion((await self._read(resp, deadline))[0])
                         result.http_status = status

@@ -190,7 +190,7 @@ class StreamParser:
         "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
-        "_frames", "_learns",
+        "_frames", "_learns", "stop_reason",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -218,6 +218,7 @@ class StreamParser:
         self.events = 0  # JSON chunks seen
         self._frames: list[_frames.Frame] = []
         self._learns = 0
+        self.stop_reason: Any = None  # vLLM completions: the matched stop id or string
 
     def feed(self, block: bytes) -> None:
         """Consume the next bytes of the body (any split: mid-line, mid-CRLF, many events)."""
@@ -407,6 +408,9 @@ class StreamParser:
                 native = cget("native_finish_reason")
                 if native:
                     self.native_finish_reason = _opt_str(native)
+                stop = cget("stop_reason")
+                if stop is not None:
+                    self.stop_reason = stop
             tids = cget("token_ids")
             if tids:
                 self._extend_ids(tids)
@@ -511,6 +515,8 @@ class StreamParser:
             completion_token_ids=None if self._completion_ids is None
             else self._completion_ids.tolist(),
             stream=True,
+            stop_reason=self.stop_reason if isinstance(self.stop_reason, int | str)
+            and not isinstance(self.stop_reason, bool) else None,
         )
 
     def failure(self) -> ApiError:

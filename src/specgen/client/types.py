@@ -45,6 +45,10 @@ class ChatResponse:
     http_status: int | None = None
     # OpenRouter's X-OpenRouter-Cache-Status ("HIT" means a replayed, unbilled answer).
     cache_status: str | None = None
+    # Token-in answers: the matched stop (vLLM `stop_reason`, SGLang `finish_reason.matched`:
+    # an id, or a stop string), and whether the client appended a stop id the server left out.
+    stop_reason: int | str | None = None
+    stop_appended: bool = False
 
     @property
     def prompt_tokens(self) -> int:

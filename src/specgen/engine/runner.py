@@ -27,6 +27,7 @@ import orjson
 
 from ..client.types import ApiError
 from ..config import RunConfig
+from ..request import local_engines
 from ..store import STORE_FILE, Store, StoreError, check_writable
 from .ballast import Ballast
 from .budget import Budget, resolve_prices
@@ -216,6 +217,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         client = ChatClient.from_config(cfg.endpoint, base_urls=urls)
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
+            _resolve_return_token_ids(cfg, policy)
             store.set_meta("prices", orjson.dumps(prices.to_json()).decode())
             if cfg.budget.max_cost_usd is not None and not prices.known:
                 log.warning("no prices known (set [budget] prompt_price_per_m and "
@@ -266,6 +268,17 @@ def _dialect_url(cfg: RunConfig, policy: ProviderPolicy) -> str | None:
     if mode == "openai":
         return "http://localhost/v1"
     return None
+
+
+def _resolve_return_token_ids(cfg: RunConfig, policy: ProviderPolicy) -> None:
+    """`return_token_ids` unset: on for local engines (every base URL a local host, no
+    OpenRouter-like endpoint list, dialect not openrouter), off otherwise."""
+    ep = cfg.endpoint
+    if ep.return_token_ids is None:
+        ep.return_token_ids = (not ep.is_sim and not policy.endpoints
+                               and ep.dialect != "openrouter" and local_engines(ep.base_url))
+        if ep.return_token_ids:
+            log.info("return_token_ids on (local engines): the exported ids are the server's")
 
 
 def _end_session(store: Store, session_id: int, state: str, reason: str) -> None:

@@ -29,6 +29,7 @@ from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair
 from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
+from ..request import with_max_tokens
 from ..store import Store, pack_ids, pack_json, unpack_json
 from .budget import Budget
 from .concurrency import AdaptiveLimit
@@ -84,6 +85,8 @@ class Engine:
         # build_request picks its dialect from a base URL; None = the configured first URL
         self.dialect_url = dialect_url
         ep = cfg.endpoint
+        self.tokens_mode = ep.tokens_mode and stages.build_token_request is not None
+        self.token_api = ep.token_api_name
         self.drain_timeout = cfg.engine.drain_timeout if drain_timeout is None else drain_timeout
         self.limit = AdaptiveLimit(ep.concurrency, ep.min_concurrency,
                                    enabled=ep.adaptive_concurrency)
@@ -353,8 +356,13 @@ class Engine:
         else:
             task_id, attempts = None, 0
         try:
-            body = self.stages.build_request(self.cfg, c.ds.cfg, step, base_url=self.dialect_url)
             prompt_ids = array("I", self.renderer.prompt_ids(step.messages, step.tools))
+            if self.tokens_mode:  # the prompt travels as our ids: no template on the server
+                body = self.stages.build_token_request(self.cfg, c.ds.cfg, prompt_ids,
+                                                       self.renderer.stop_token_ids)
+            else:
+                body = self.stages.build_request(self.cfg, c.ds.cfg, step,
+                                                 base_url=self.dialect_url)
         except (RenderError, ValueError, TypeError, KeyError) as exc:
             reason = f"render_error: {exc}" if isinstance(exc, RenderError) else f"request_error: {exc}"
             if task_id is None:
@@ -585,7 +593,10 @@ class Engine:
     async def _attempt(self, job: Job) -> None:
         started = time.time()
         try:
-            resp = await self.client.chat(job.body)
+            if self.tokens_mode:
+                resp = await self.client.complete_tokens(job.body, self.token_api)
+            else:
+                resp = await self.client.chat(job.body)
         except ApiError as err:
             self._on_error(job, err)
         except asyncio.CancelledError:
@@ -667,7 +678,7 @@ class Engine:
         if d.action == "shrink":
             job.shrunk_from = job.shrunk_from or job.max_tokens
             job.max_tokens = d.max_tokens or job.max_tokens
-            job.body = {**job.body, "max_tokens": job.max_tokens}
+            job.body = with_max_tokens(job.body, job.max_tokens)
             self._event_once("max_tokens_shrunk", job.ds.name, None,
                              f"402 weight_exceeds_budget: retrying with a smaller max_tokens "
                              f"({d.message}); recorded on the sample")
@@ -771,10 +782,17 @@ class Engine:
             self._retry_or_fail(job, "rejected")
             return
         try:
-            norm = self.stages.normalize(resp, tools=job.tools, renderer=self.renderer,
-                                         on_length=ds.cfg.on_length, messages=job.messages)
+            if self.tokens_mode:
+                norm = self.stages.normalize_ids(resp, tools=job.tools, renderer=self.renderer,
+                                                 prompt_ids=job.prompt_ids,
+                                                 on_length=ds.cfg.on_length)
+            else:
+                norm = self.stages.normalize(resp, tools=job.tools, renderer=self.renderer,
+                                             on_length=ds.cfg.on_length, messages=job.messages)
             message = norm.message
-            if getattr(norm, "truncated", False) and self.stages.truncated_ids is not None:
+            if getattr(norm, "ids", None) is not None:
+                completion = norm.ids  # token-in: the sampled ids are the sample
+            elif getattr(norm, "truncated", False) and self.stages.truncated_ids is not None:
                 # kept at max_tokens (on_length = "keep"): no stop token was sampled
                 completion = self.stages.truncated_ids(self.renderer, norm,
                                                        context=job.messages, tools=job.tools)
@@ -794,13 +812,25 @@ class Engine:
                              detail=f"{type(exc).__name__}: {exc}")
             return
         repairs = list(norm.repairs)
-        verdict = self._witness(job, resp, message, completion,
-                                truncated=bool(getattr(norm, "truncated", False)))
+        if self.tokens_mode:
+            # exact by construction: the prompt was ours, the ids are the server's. The
+            # re-render of the parsed message is what the next turn's history holds.
+            resp.prompt_token_ids = list(job.prompt_ids)
+            resp.completion_token_ids = completion
+            verdict = Verdict("true_ids", "token-in")
+            if not getattr(norm, "truncated", False) and self.renderer.completion_ids(
+                    message, context=job.messages, tools=job.tools) != completion:
+                repairs.append("flag:rerender_differs")
+        else:
+            verdict = self._witness(job, resp, message, completion,
+                                    truncated=bool(getattr(norm, "truncated", False)))
         count_check = verdict.check
         if count_check == "repaired":
             message, completion = verdict.message, verdict.ids
             repairs += [f"count:{name}" for name in verdict.repairs]
-        if resp.prompt_token_ids is not None and resp.completion_token_ids is not None:
+        if self.tokens_mode:
+            pass
+        elif resp.prompt_token_ids is not None and resp.completion_token_ids is not None:
             # the backend's own ids are the sample; the witness's verdict on ours is kept
             # so that verify can measure the witness against the truth
             repairs.append(f"witness:{count_check}")

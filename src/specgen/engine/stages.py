@@ -19,6 +19,10 @@ class Stages:
     # specgen.normalize.sampled_completion_ids(renderer, norm, context=, tools=): ids of a
     # truncated answer
     truncated_ids: Callable[..., Any] | None = None
+    # Token-in mode: specgen.request.build_token_request(cfg, ds, prompt_ids, stop_ids) and
+    # specgen.normalize.normalize_ids(resp, tools=, renderer=, prompt_ids=, on_length=)
+    build_token_request: Callable[..., Any] | None = None
+    normalize_ids: Callable[..., Any] | None = None
 
 
 def default_stages() -> Stages:
@@ -33,4 +37,6 @@ def default_stages() -> Stages:
         quarantined=normalize.Quarantined,
         end=planner.End,
         truncated_ids=normalize.sampled_completion_ids,
+        build_token_request=request.build_token_request,
+        normalize_ids=normalize.normalize_ids,
     )
