@@ -46,6 +46,7 @@ from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
 from .serving import Served, Server
 from .stats import Stats
+from .tokens import TokenEndpoints
 
 log = logging.getLogger("specgen.sim")
 
@@ -156,6 +157,8 @@ class Simulator:
                 prefix + "/key": ("GET", self.key),
                 prefix + "/generation": ("GET", self.generation),
             })
+        self.tokens = TokenEndpoints(self)  # token-in: vLLM /v1/completions, SGLang /generate
+        self._routes.update(self.tokens.routes())
 
     def _check_plain(self) -> bool:
         """The plain shortcut (`Server.serve_plain`) gives what `Server.serve` gives, on a few
