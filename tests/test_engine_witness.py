@@ -5,13 +5,16 @@ kept wrong; offsets are learned; unusable counts are detected; mismatches are qu
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from specgen.engine.status import run_status
 from specgen.quality.witness import UNUSABLE_AFTER
 from specgen.store import Store
+from specgen.verify import verify_run
 from test_engine_sim import go
-from test_engine_support import SimProcess, tool_rows, write_config, write_jsonl
+from test_engine_support import SimProcess, prompt_rows, tool_rows, write_config, write_jsonl
 
 SIM = """
 [length]
@@ -154,3 +157,48 @@ def test_a_resumed_run_keeps_the_learned_offsets(tmp_path):
     with Store.open(cfg.run_dir) as s:
         (after,) = s.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()
     assert outcome.state == "finished" and after == before  # nothing lost to learning again
+
+
+def compact_history_rows(n: int) -> list[dict]:
+    """Tool loops whose history call was written compactly, mixed with plain prompts."""
+    rows = []
+    for i, row in enumerate(tool_rows(n)):
+        if i % 2:
+            rows.append(prompt_rows(1, prefix=f"plain{i}-")[0])
+            continue
+        call = row["messages"][1]["tool_calls"][0]["function"]
+        call["arguments"] = json.dumps({"city": f"c{i}", "unit": "celsius", "days": 3,
+                                        "hourly": False}, separators=(",", ":"))
+        row["messages"] += [{"role": "user", "content": "And tomorrow?"},
+                            {"role": "assistant", "content": "Sunny too."}]
+        rows.append(row)  # the last turn's history holds the compact call
+    return rows
+
+
+@pytest.mark.parametrize("true_ids", [False, True])
+def test_history_re_rendered_by_the_serving_stack_is_the_prompt_of_the_sample(tmp_path,
+                                                                              true_ids):
+    sim = SimProcess(tmp_path, SIM.format(provider="rerenders_history = true"), name="rr")
+    try:
+        write_jsonl(tmp_path / "t.jsonl", compact_history_rows(30))
+        path = write_config(tmp_path, sim.url, [{"name": "t", "path": "t.jsonl"}],
+                            endpoint=f"return_token_ids = {str(true_ids).lower()}")
+        cfg, outcome = go(path)
+    finally:
+        sim.stop()
+    assert outcome.state == "finished", outcome
+    with Store.open(cfg.run_dir) as s:
+        rows = list(s.iter_results())
+    assert len(rows) == 30
+    fixed = [r for r in rows if "count:history_reserialized" in r.repairs]
+    assert len(fixed) == 15  # every compact history; no plain prompt touched
+    for r in fixed:
+        history = r.request["messages"][1]["tool_calls"][0]["function"]["arguments"]
+        assert '": ' in history  # the stored request is the history the model saw
+        if true_ids:
+            assert r.input_ids[: r.n_prompt] == r.true_prompt_ids  # our repaired prompt
+            assert r.count_check == "true_ids"
+        else:
+            assert r.count_check == "repaired"
+    report = verify_run(cfg.run_dir)  # the stored request re-renders to the stored prompt
+    assert report.ok and report.exit_code == 0

@@ -26,7 +26,12 @@ from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
 from ..quality.repairs import candidates as repair_candidates
-from ..quality.repairs import count_repair
+from ..quality.repairs import (
+    count_repair,
+    has_history_calls,
+    prompt_repair,
+    reserialized_history,
+)
 from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
 from ..request import with_max_tokens
@@ -825,8 +830,12 @@ class Engine:
             verdict = self._witness(job, resp, message, completion,
                                     truncated=bool(getattr(norm, "truncated", False)))
         count_check = verdict.check
+        prompt_ids = job.prompt_ids
         if count_check == "repaired":
-            message, completion = verdict.message, verdict.ids
+            if verdict.message is not None:
+                message, completion = verdict.message, verdict.ids
+            if verdict.prompt_ids is not None:  # the model saw another prompt: that one
+                prompt_ids = array("I", verdict.prompt_ids)
             repairs += [f"count:{name}" for name in verdict.repairs]
         if self.tokens_mode:
             pass
@@ -852,6 +861,8 @@ class Engine:
         if latency is not None:
             pstats.latency.add(latency)
         request = {"messages": job.messages, "tools": job.tools}
+        if prompt_ids is not job.prompt_ids:  # the history as the serving stack rendered it
+            request["messages"] = reserialized_history(job.messages)
         if job.shrunk_from is not None:  # sent smaller than configured: say so on the sample
             repairs.append(f"max_tokens_shrunk:{job.shrunk_from}->{job.max_tokens}")
             request["max_tokens"] = job.max_tokens
@@ -862,12 +873,12 @@ class Engine:
         msg_json = message.to_openai()
         usage = resp.usage or {}
         details = usage.get("completion_tokens_details") or {}
-        input_ids = job.prompt_ids + array("I", completion)
+        input_ids = prompt_ids + array("I", completion)
         self.writer.batch.results.append((
             job.task_id, job.conv.id, ds.name, job.turn, provider, resp.model,
             resp.finish_reason, resp.native_finish_reason,
             pack_json(request),
-            orjson.dumps(msg_json).decode(), pack_ids(input_ids), len(job.prompt_ids),
+            orjson.dumps(msg_json).decode(), pack_ids(input_ids), len(prompt_ids),
             pack_ids(resp.prompt_token_ids) if resp.prompt_token_ids is not None else None,
             pack_ids(resp.completion_token_ids) if resp.completion_token_ids is not None else None,
             pt, ct, details.get("reasoning_tokens") if isinstance(details, dict) else None,
@@ -899,9 +910,16 @@ class Engine:
 
             def repair(target: int):
                 return count_repair(message, target, render)
+        prompt_fix = None
+        if has_history_calls(job.messages) and reserialized_history(job.messages) is not None:
+            # a history a serving stack would re-render: not a plain prompt
+            def prompt_fix(target: int):
+                return prompt_repair(job.messages, target,
+                                     lambda msgs: self.renderer.prompt_ids(msgs, job.tools))
         key = resp.provider or resp.base_url or "(unknown)"
         verdict = self.witness.judge(key, prompt=len(job.prompt_ids), completion=len(completion),
-                                     usage=resp.usage or {}, repair=repair)
+                                     usage=resp.usage or {}, repair=repair,
+                                     prompt_repair=prompt_fix)
         if verdict.check == "unverified" and self.witness.unusable(key):
             self._event_once("counts_unusable", job.ds.name, resp.provider,
                              f"{key}'s token counts never settle on a constant offset against "

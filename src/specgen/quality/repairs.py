@@ -15,6 +15,12 @@ Each candidate (alone, and the argument styles together with the whitespace one)
 to ids; a repair is taken only when exactly one candidate's length is what the provider
 counted (two that fit are ambiguous and nothing is changed). Nothing is changed without the
 witness agreeing.
+
+The prompt side has one: `history_reserialized` — a vLLM/SGLang serving stack parses every
+history tool call's `arguments` into an object before the chat template runs, and the template
+writes it back with `tojson` (`{"a": 1}`), so the model saw the history re-serialised, not as
+written (`../shared/reference/openrouter-api.md`, "Local engines"). `prompt_repair` takes it
+when the provider's `prompt_tokens` is exactly the re-rendered prompt's length.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..conversation import AssistantMessage, ToolCall
+from ..conversation import AssistantMessage, Message, ToolCall
 
 Render = Callable[[AssistantMessage], list[int]]
+RenderPrompt = Callable[[list[Message]], list[int]]
 
 
 def _restyle(calls: tuple[ToolCall, ...], compact: bool) -> tuple[ToolCall, ...] | None:
@@ -69,3 +76,47 @@ def count_repair(message: AssistantMessage, target: int, render: Render
         if len(ids) == target and all(ids != f[1] for f in found):
             found.append((candidate, ids, names))
     return found[0] if len(found) == 1 else None
+
+
+def has_history_calls(messages: list[Message]) -> bool:
+    """Whether the history holds assistant tool calls (a serving stack may re-render them)."""
+    return any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages)
+
+
+def reserialized_history(messages: list[Message]) -> list[Message] | None:
+    """The history as a vLLM/SGLang stack feeds it to the template: each assistant tool
+    call's `arguments` parsed and written back as `tojson` does (`json.dumps`, default
+    separators, keys in order, non-ASCII kept); None when that changes nothing."""
+    out: list[Message] = []
+    changed = False
+    for m in messages:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if not calls:
+            out.append(m)
+            continue
+        new_calls = []
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if isinstance(args, str):
+                try:
+                    text = json.dumps(json.loads(args), ensure_ascii=False)
+                except ValueError:
+                    text = args  # not JSON: the stack would have refused or kept it
+                if text != args:
+                    changed = True
+                    call = {**call, "function": {**fn, "arguments": text}}
+            new_calls.append(call)
+        out.append({**m, "tool_calls": new_calls})
+    return out if changed else None
+
+
+def prompt_repair(messages: list[Message], target: int, render: RenderPrompt
+                  ) -> tuple[list[int], list[str]] | None:
+    """The prompt ids the model saw when its serving stack re-serialised the history's tool
+    call arguments, when that prompt is exactly `target` ids long; else None."""
+    alt = reserialized_history(messages)
+    if alt is None:
+        return None
+    ids = render(alt)
+    return (ids, ["history_reserialized"]) if len(ids) == target else None

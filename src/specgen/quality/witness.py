@@ -5,7 +5,8 @@ On a hosted API the rebuilt ids are a reconstruction; the provider's `usage.prom
 independent witness of what the model processed and sampled. Each sample gets a verdict:
 
 * `exact` — both counts agree with ours after the provider's learned offset;
-* `repaired` — the completion agrees after a count-guided repair (`quality.repairs`);
+* `repaired` — the completion (or the prompt) agrees after a count-guided repair
+  (`quality.repairs`);
 * `unverified` — no witness: the provider reports no usage, or its counts are unusable
   (its deltas against ours never settle on a constant);
 * `mismatch` — the counts contradict our ids: the sample is wrong (a prompt mismatch means the
@@ -75,11 +76,13 @@ class Verdict:
     check: str  # exact | repaired | unverified | mismatch
     detail: str = ""
     repairs: list[str] = field(default_factory=list)
-    message: Any = None  # the repaired AssistantMessage (check "repaired")
+    message: Any = None  # the repaired AssistantMessage (check "repaired"; None: unchanged)
     ids: list[int] | None = None  # its completion ids
+    prompt_ids: list[int] | None = None  # the prompt the model saw, when a repair found it
 
 
 Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]
+PromptRepair = Callable[[int], tuple[list[int], list[str]] | None]
 
 
 def _count(usage: dict[str, Any], key: str) -> int | None:
@@ -99,26 +102,34 @@ class CountWitness:
         return side
 
     def judge(self, provider: str, *, prompt: int, completion: int, usage: dict[str, Any],
-              repair: Repair | None = None) -> Verdict:
+              repair: Repair | None = None, prompt_repair: PromptRepair | None = None
+              ) -> Verdict:
         """Our counts (`prompt`, `completion` ids) against the answer's `usage`. `repair(n)`
         tries the known transformations for a completion of exactly n ids; None when no
         transformation could apply to this answer (a plain answer: only those teach the
         provider's completion offset, since a re-serialised or padded answer's delta is not
-        the provider's counting)."""
+        the provider's counting). `prompt_repair(n)` does the same for the prompt (None: a
+        plain prompt, which alone teaches the prompt offset)."""
         theirs_p, theirs_c = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
         if theirs_c is None:
             return Verdict("unverified", "no usage counts in the answer")
         cs = self._side(provider, "completion")
         c_state, c_off = cs.state()
         problems: list[str] = []
+        fixed_prompt: tuple[list[int], list[str]] | None = None
         if theirs_p is not None:
             ps = self._side(provider, "prompt")
             p_state, p_off = ps.state()
             dp = theirs_p - prompt
-            ps.add(dp)
+            if prompt_repair is None:
+                ps.add(dp)
             if dp != p_off and p_state != "unusable":
-                problems.append(f"prompt: ours {prompt}, provider {theirs_p} "
-                                f"(expected offset {p_off:+d})")
+                known = p_state in ("stable", "unsettled")
+                if prompt_repair is not None and (known or abs(dp - p_off) > MAX_OFFSET):
+                    fixed_prompt = prompt_repair(theirs_p - p_off)
+                if fixed_prompt is None:
+                    problems.append(f"prompt: ours {prompt}, provider {theirs_p} "
+                                    f"(expected offset {p_off:+d})")
         dc = theirs_c - completion
         plain = repair is None
         if plain:
@@ -144,6 +155,14 @@ class CountWitness:
                                 f"(expected offset {c_off:+d})")
         if problems:
             return Verdict("mismatch", "; ".join(problems))
+        if fixed_prompt is not None:
+            ids, names = fixed_prompt
+            note = f"prompt: ours {prompt} -> {len(ids)} after {'+'.join(names)}, " \
+                   f"provider {theirs_p}"
+            verdict.check = "repaired"
+            verdict.detail = f"{note}; {verdict.detail}" if verdict.detail else note
+            verdict.repairs = [*names, *verdict.repairs]
+            verdict.prompt_ids = ids
         return verdict
 
     def seed(self, provider: str, prompt_delta: int | None, completion_delta: int) -> None:

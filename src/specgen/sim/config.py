@@ -146,6 +146,9 @@ class ProviderConfig:
     usage_prompt_offset: int = 0  # added to prompt_tokens
     usage_noise: float = 0.0  # completion_tokens x U[1 - noise, 1 + noise] per request, rounded
     hidden_system_prompt_tokens: int = 0  # a hidden system prompt: prompt_tokens += this
+    # A vLLM/SGLang serving stack: history tool-call arguments parsed and re-written by the
+    # template's tojson, so the prompt the model sees (and counts, and returns) differs.
+    rerenders_history: bool = False
 
     @property
     def counts_exactly(self) -> bool:

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, unquote
 
 import orjson
 
+from ..quality.repairs import reserialized_history
 from ..render import get_renderer
 from ..render.base import RenderError
 from ..render.kimi import KimiRenderer
@@ -492,6 +493,12 @@ class Simulator:
         if provider.latency_jitter:
             latency *= 1.0 + provider.latency_jitter * (2.0 * rng.random() - 1.0)
         ctx.provider = provider
+        if provider.rerenders_history:
+            # its serving stack parses history tool-call arguments and the template writes
+            # them back with tojson: the model sees that history (docs/sim.md)
+            alt = reserialized_history(req.messages)
+            if alt is not None:
+                prompt_ids = array("I", renderer.prompt_ids(alt, req.tools))
         if fault in HTTP_FAULTS:
             ps["failed"] += 1
             ctx.fault = fault
