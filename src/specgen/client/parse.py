@@ -190,7 +190,7 @@ class StreamParser:
         "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
-        "_frames", "_learns", "stop_reason",
+        "_frames", "_learns", "stop_reason", "_prev", "_dups",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -219,6 +219,10 @@ class StreamParser:
         self._frames: list[_frames.Frame] = []
         self._learns = 0
         self.stop_reason: Any = None  # vLLM completions: the matched stop id or string
+        self._prev = b""  # the last event's bytes
+        # (content pieces, reasoning pieces) before each event that repeated the one before
+        # byte for byte: a relay's retransmission, or a model writing the same text twice
+        self._dups: list[tuple[int, int]] | None = None
 
     def feed(self, block: bytes) -> None:
         """Consume the next bytes of the body (any split: mid-line, mid-CRLF, many events)."""
@@ -231,7 +235,13 @@ class StreamParser:
         if len(self._buf) > MAX_LINE:
             raise _invalid(f"stream event longer than {MAX_LINE} bytes")
         frames = self._frames
+        prev = self._prev
         for ev in events:
+            if ev == prev and ev[:1] == b"d":
+                if self._dups is None:
+                    self._dups = []
+                self._dups.append((len(self._content), len(self._reasoning)))
+            prev = ev
             if frames:
                 for frame in frames:
                     hit = frame.match(ev)
@@ -259,11 +269,12 @@ class StreamParser:
                     continue
             if payload == b"[DONE]":
                 self.done = True
-                return
+                break
             if payload:
                 self._full(payload, ev if simple else None)
                 if self.done:
-                    return
+                    break
+        self._prev = prev
 
     def _full(self, payload: bytes, event: bytes | None) -> None:
         """Decode and apply one payload; learn a frame from it when it is a plain token chunk
@@ -517,7 +528,19 @@ class StreamParser:
             stream=True,
             stop_reason=self.stop_reason if isinstance(self.stop_reason, int | str)
             and not isinstance(self.stop_reason, bool) else None,
+            duplicates=self._duplicates() if self._dups else [],
         )
+
+    def _duplicates(self) -> list[tuple[str, int, int]]:
+        """(field, offset, length) of the text each repeated event added to its field: the
+        piece it appended equals the piece before it in the same field."""
+        out = []
+        for field, pieces, at in (("content", self._content, 0), ("reasoning", self._reasoning, 1)):
+            for marks in self._dups or ():
+                k = marks[at]
+                if 0 < k < len(pieces) and pieces[k] == pieces[k - 1]:
+                    out.append((field, sum(len(p) for p in pieces[:k]), len(pieces[k])))
+        return out
 
     def failure(self) -> ApiError:
         """The `stream_error` for an error chunk (or finish_reason "error") seen so far."""

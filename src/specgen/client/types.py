@@ -49,6 +49,9 @@ class ChatResponse:
     # an id, or a stop string), and whether the client appended a stop id the server left out.
     stop_reason: int | str | None = None
     stop_appended: bool = False
+    # Streams: (field "content" | "reasoning", offset, length) of text an event repeated byte
+    # for byte added; a count-guided repair may take it out (specgen.quality.repairs).
+    duplicates: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def prompt_tokens(self) -> int:

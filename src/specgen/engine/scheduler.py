@@ -28,6 +28,7 @@ from ..conversation import AssistantMessage, Conversation
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import (
     count_repair,
+    dedup_repair,
     has_history_calls,
     prompt_repair,
     reserialized_history,
@@ -900,7 +901,8 @@ class Engine:
         if not self.cfg.quality.count_witness:
             return Verdict("unverified", "count witness off ([quality] count_witness)")
         repair = None
-        if truncated or not repair_candidates(message):
+        restyled = repair_candidates(message)
+        if truncated or not (restyled or resp.duplicates):
             # nothing a provider could have transformed (or a cut answer): a plain answer
             if truncated:
                 return Verdict("unverified", "cut at max_tokens: counts not judged")
@@ -908,8 +910,21 @@ class Engine:
             def render(m):
                 return self.renderer.completion_ids(m, context=job.messages, tools=job.tools)
 
+            def rebuild(candidate):
+                try:
+                    m = self.stages.normalize(candidate, tools=job.tools, renderer=self.renderer,
+                                              on_length=job.ds.cfg.on_length,
+                                              messages=job.messages).message
+                except (self.stages.quarantined, RenderError):
+                    return None
+                return m, render(m)
+
             def repair(target: int):
-                return count_repair(message, target, render)
+                fits = [fix for fix in (
+                    count_repair(message, target, render) if restyled else None,
+                    dedup_repair(resp, target, rebuild) if resp.duplicates else None)
+                    if fix is not None]
+                return fits[0] if len(fits) == 1 else None  # two that fit: ambiguous
         prompt_fix = None
         if has_history_calls(job.messages) and reserialized_history(job.messages) is not None:
             # a history a serving stack would re-render: not a plain prompt
@@ -920,6 +935,12 @@ class Engine:
         verdict = self.witness.judge(key, prompt=len(job.prompt_ids), completion=len(completion),
                                      usage=resp.usage or {}, repair=repair,
                                      prompt_repair=prompt_fix)
+        if verdict.check == "exact" and resp.duplicates and dedup_repair(
+                resp, len(completion), rebuild) is not None:
+            # a repeated event whose text does not change the count: with it or without it
+            # the counts agree, so they cannot vouch for either
+            return Verdict("unverified", "a repeated stream event the counts cannot judge "
+                                         "(they agree with and without it)")
         if verdict.check == "unverified" and self.witness.unusable(key):
             self._event_once("counts_unusable", job.ds.name, resp.provider,
                              f"{key}'s token counts never settle on a constant offset against "

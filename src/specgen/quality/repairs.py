@@ -9,7 +9,9 @@ one of a few documented transformations may explain the difference exactly (see
   (`{"a":2,"b":3}`, Groq, Together) while the model wrote `{"a": 2, "b": 3}`;
 * `arguments_compact` — the other way round;
 * `content_whitespace` — whitespace the provider inserted around `</think>` or the tool-call
-  section (leading / trailing whitespace of `content`).
+  section (leading / trailing whitespace of `content`);
+* `duplicate_events` — a stream event repeated byte for byte (a relay retransmitting): the
+  text it added again is taken out (`dedup_repair`, on the raw answer before normalising).
 
 Each candidate (alone, and the argument styles together with the whitespace one) is rendered
 to ids; a repair is taken only when exactly one candidate's length is what the provider
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from ..conversation import AssistantMessage, Message, ToolCall
 
@@ -120,3 +123,38 @@ def prompt_repair(messages: list[Message], target: int, render: RenderPrompt
         return None
     ids = render(alt)
     return (ids, ["history_reserialized"]) if len(ids) == target else None
+
+
+def _cut(text: str | None, spans: list[tuple[int, int]]) -> str | None:
+    if text is None:
+        return None
+    for offset, length in sorted(spans, reverse=True):
+        text = text[:offset] + text[offset + length:]
+    return text
+
+
+def dedup_candidates(resp: Any) -> list[Any]:
+    """The answer without the text of each repeated stream event (each alone, then all)."""
+    spans = list(resp.duplicates or ())
+    choices = [[span] for span in spans] + ([spans] if len(spans) > 1 else [])
+    out = []
+    for chosen in choices:
+        content = _cut(resp.content, [(o, n) for f, o, n in chosen if f == "content"])
+        reasoning = _cut(resp.reasoning, [(o, n) for f, o, n in chosen if f == "reasoning"])
+        out.append(replace(resp, content=content, reasoning=reasoning, duplicates=[]))
+    return out
+
+
+def dedup_repair(resp: Any, target: int,
+                 rebuild: Callable[[Any], tuple[AssistantMessage, list[int]] | None]
+                 ) -> tuple[AssistantMessage, list[int], list[str]] | None:
+    """The message and ids of the answer without its repeated events' text, when exactly one
+    such candidate is `target` ids long (`rebuild` normalises and renders one; None when it
+    does not normalise)."""
+    found: list[tuple[AssistantMessage, list[int], list[str]]] = []
+    for candidate in dedup_candidates(resp):
+        rebuilt = rebuild(candidate)
+        if rebuilt is not None and len(rebuilt[1]) == target and all(
+                rebuilt[1] != f[1] for f in found):
+            found.append((rebuilt[0], rebuilt[1], ["duplicate_events"]))
+    return found[0] if len(found) == 1 else None

@@ -87,6 +87,7 @@ class QuirkRates:
     empty_content: float = 0.0  # content and tool calls dropped, finish_reason "stop"
     wrong_model: float = 0.0  # the answer names `wrong_model_slug` as its model
     pad_whitespace: float = 0.0  # content gets "\n\n" after reasoning, "\n" before tool calls
+    duplicate_events: float = 0.0  # streams: one content/reasoning event sent twice
 
     def items(self):
         """(name, rate) pairs in declaration order (a dataclass's __dict__ keeps it)."""

@@ -856,6 +856,15 @@ class Simulator:
                 pending = ids
                 break
             events.append((_event(self._chunk(ctx, delta, ids if want else None)), len(ids)))
+        if "duplicate_events" in ctx.quirks and not want:
+            # a text event sent twice (a relay's retransmission): the text doubles, the ids
+            # and the usage do not (never with true ids, which would double as well)
+            texts = [k for k, (ev, n) in enumerate(events) if n and b'"content":"' in ev
+                     or n and b'"reasoning' in ev]
+            if texts:
+                k = texts[len(texts) // 2]
+                events.insert(k + 1, (events[k][0], 0))
+                served.quirks = sorted({*served.quirks, "duplicate_events"})
         last = self._chunk(ctx, {"content": ""}, pending if want else None,
                            finish=served.finish_reason)
         last["choices"][0]["native_finish_reason"] = served.native_finish_reason
