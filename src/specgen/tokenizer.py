@@ -172,11 +172,22 @@ class TiktokenTokenizer(Tokenizer):
             self._splitter = None
 
     def encode(self, text: str) -> list[int]:
+        if len(text) > MAX_RUN:
+            pieces = long_text_pieces(text)
+            if len(pieces) > 1:
+                return [i for piece in pieces for i in self._encode_piece(piece)]
+        return self._encode_piece(text)
+
+    def _encode_piece(self, text: str) -> list[int]:
         if self._splitter is None:
             return self._enc.encode(text, allowed_special="all")
         return self._splitter.encode(text)
 
     def encode_ordinary(self, text: str) -> list[int]:
+        if len(text) > MAX_RUN:
+            pieces = long_text_pieces(text)
+            if len(pieces) > 1:
+                return [i for piece in pieces for i in self._enc.encode_ordinary(piece)]
         return self._enc.encode_ordinary(text)
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
@@ -188,6 +199,35 @@ class TiktokenTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._n_vocab
+
+
+# The Kimi tokenizer's own rule before BPE (../shared/reference/kimi-k2-format.md, "Encoding
+# rule"): the text is cut into windows of MAX_ENCODE_CHARS characters, and within each window
+# a run of whitespace (or of non-whitespace) characters is cut each time it grows past
+# MAX_RUN; every piece is encoded on its own.
+MAX_ENCODE_CHARS = 400_000
+MAX_RUN = 25_000
+_LONG_RUN = re.compile(rf"\s{{{MAX_RUN + 1}}}|\S{{{MAX_RUN + 1}}}")
+_RUNS = re.compile(r"\s+|\S+")
+
+
+def long_text_pieces(text: str) -> list[str]:
+    """The pieces the Kimi encoder encodes separately (one piece for all but huge inputs)."""
+    if len(text) <= MAX_ENCODE_CHARS and _LONG_RUN.search(text) is None:
+        return [text]
+    out: list[str] = []
+    for w in range(0, len(text), MAX_ENCODE_CHARS):
+        window = text[w:w + MAX_ENCODE_CHARS]
+        start = 0
+        if _LONG_RUN.search(window) is not None:
+            for m in _RUNS.finditer(window):
+                cut, end = m.start() + MAX_RUN, m.end()
+                while cut < end:  # the run grew past MAX_RUN here: a new piece starts
+                    out.append(window[start:cut])
+                    start = cut
+                    cut += MAX_RUN
+        out.append(window[start:])
+    return [p for p in out if p]
 
 
 # Pieces of plain text remembered by SpecialSplitter: role names, system prompts, tool

@@ -1,0 +1,73 @@
+"""The Kimi encoder's pre-BPE rule: 400,000-character windows, runs of more than 25,000
+whitespace or non-whitespace characters cut (../shared/reference/kimi-k2-format.md). Checked
+against a character-by-character walk written from the reference text, with the real
+tokenizer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specgen.render import get_renderer
+from specgen.tokenizer import MAX_ENCODE_CHARS, MAX_RUN, long_text_pieces
+
+
+def walk(text: str) -> list[str]:
+    """The reference's rule, literally: per window, a run counter per character class."""
+    pieces = []
+    for w in range(0, len(text), MAX_ENCODE_CHARS):
+        s = text[w:w + MAX_ENCODE_CHARS]
+        start, run, space = 0, 0, s[:1].isspace()
+        for i, ch in enumerate(s):
+            if ch.isspace() != space:
+                space, run = ch.isspace(), 1
+                continue
+            run += 1
+            if run > MAX_RUN:
+                pieces.append(s[start:i])
+                start, run = i, 1
+        pieces.append(s[start:])
+    return [p for p in pieces if p]
+
+
+def texts():
+    rng = random.Random(5)
+    yield "a " + "\t" * 25003 + "x"  # the issue's example
+    yield "x" * 25000
+    yield "x" * 25001
+    yield " " * 75002 + "end"
+    yield "A" * 60000 + "\n" * 30000 + "b" * 10
+    yield "ab " * 140000  # longer than a window, no long run
+    yield "q" * 410000  # a window boundary inside a run
+    for _ in range(6):
+        parts = [rng.choice(["x", " ", "\u3000", "{}", "<|im_end|>", "中"]) * rng.choice(
+            [1, 7, 24999, 25000, 25001, 60000]) for _ in range(rng.randint(1, 6))]
+        yield "".join(parts)
+
+
+@pytest.mark.parametrize("text", list(texts()), ids=lambda t: f"{len(t)}chars")
+def test_pieces_follow_the_reference_rule(text):
+    assert long_text_pieces(text) == walk(text)
+    assert "".join(long_text_pieces(text)) == text
+
+
+def test_encode_applies_the_rule_everywhere(kimi_tokenizer):
+    tok = kimi_tokenizer
+    for text in texts():
+        want = [i for p in walk(text) for i in tok._enc.encode(p, allowed_special="all")]
+        assert tok.encode(text) == want
+        ordinary = [i for p in walk(text) for i in tok._enc.encode_ordinary(p)]
+        assert tok.encode_ordinary(text) == ordinary
+
+
+def test_the_issues_example_changes_the_prompt(kimi_tokenizer):
+    r = get_renderer("kimi-k2.5", kimi_tokenizer, thinking=True)
+    messages = [{"role": "user", "content": "a " + "\t" * 25003 + "x"}]
+    ids = r.prompt_ids(messages)
+    text = r.render_text(messages, None, add_generation_prompt=True)
+    whole = kimi_tokenizer._enc.encode(text, allowed_special="all")
+    assert ids != whole  # encoding the whole string at once is what the rule changes
+    assert ids == [i for p in walk(text)
+                   for i in kimi_tokenizer._enc.encode(p, allowed_special="all")]
+    assert kimi_tokenizer.decode(ids) == text
