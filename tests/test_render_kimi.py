@@ -327,3 +327,19 @@ def test_k25_all_turns_refused_when_history_drops_reasoning(k25, k25_off):
         k25.sample_all_turns(msgs)
     s = k25_off.sample_all_turns(msgs)  # thinking off: history renders as it was sampled
     assert sum(s.loss_mask) == len(k25_off.completion_ids(msgs[1])) + len(k25_off.completion_ids(msgs[3]))
+
+
+def test_arguments_given_as_objects_are_written_as_the_official_template_does(kimi_tokenizer):
+    # the official chat_template.jinja (run by the hf renderer) writes non-string arguments
+    # with tojson: {"a": 1}; ours must give the same text and ids
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "functions.f:0", "type": "function", "function": {
+                    "name": "f", "arguments": {"b": "é", "a": 1, "c": [1, {"d": None}]}}}]},
+            {"role": "tool", "tool_call_id": "functions.f:0", "content": "ok"}]
+    ours = get_renderer("kimi-k2.5", kimi_tokenizer, thinking=True)
+    official = get_renderer("hf", kimi_tokenizer, thinking=True)
+    text = ours.render_text(msgs, None, add_generation_prompt=True)
+    assert '{"b": "é", "a": 1, "c": [1, {"d": null}]}' in text
+    assert text == official.render_text(msgs, None, add_generation_prompt=True)
+    assert ours.prompt_ids(msgs) == official.prompt_ids(msgs)

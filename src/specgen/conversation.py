@@ -15,6 +15,7 @@ An OpenAI message dict may hold:
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +45,9 @@ class ToolCall:
         fn = call.get("function") or {}
         args = fn.get("arguments", "")
         if not isinstance(args, str):
-            # Some datasets store parsed arguments; the model always emits a string.
-            args = orjson.dumps(args).decode()
+            # Some datasets store parsed arguments: written as the chat template's `tojson`
+            # writes them (`{"a": 1}`: default separators, keys in order, non-ASCII kept).
+            args = json.dumps(args, ensure_ascii=False)
         return cls(id=str(call.get("id") or ""), name=str(fn.get("name") or ""), arguments=args)
 
 
