@@ -70,7 +70,9 @@ def witness_of(repairs: list[str]) -> str:
 def test_the_witness_is_right_against_the_true_ids(tmp_path, kind):
     # true ids on: the sample is the server's ids; the witness's verdict on our rebuilt ids
     # is recorded, so it can be checked against the truth
-    n = 60 if kind == "offset" else 30
+    # (the offset is learned from plain answers only: those with tool calls, padding or a
+    # repeated stream event are not, so the small-delta kinds need more answers)
+    n = 60 if kind in ("offset", "padded") else 30
     cfg, outcome = run(tmp_path, kind, n, true_ids=True)
     assert outcome.state == "finished", outcome
     rows = samples(cfg.run_dir)
@@ -218,10 +220,33 @@ def test_duplicated_stream_events_are_taken_out_when_the_count_says_so(tmp_path)
     with Store.open(quirky.run_dir) as s:
         got = list(s.iter_results())
         (quarantined,) = s.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()
-    assert len(got) + quarantined == 40 and quarantined <= 8
+    assert len(got) + quarantined == 40 and quarantined <= 12  # while learning the offset
     repaired = [r for r in got if "count:duplicate_events" in r.repairs]
     assert len(repaired) >= 8
     for r in got:  # never vouched for wrong
         if r.count_check != "unverified":  # a repeat the count cannot see is not vouched for
             assert r.input_ids == truth[r.conv_id][0], r.repairs
         assert r.count_check in ("exact", "repaired", "unverified")
+
+
+def test_local_engines_get_the_vllm_history_by_default(tmp_path):
+    # a local server with no endpoint list: serving resolves to vllm, true ids are asked for,
+    # and our prompt is the one the re-rendering server fed the model
+    sim = SimProcess(tmp_path, SIM.format(provider="rerenders_history = true"), name="local")
+    try:
+        write_jsonl(tmp_path / "t.jsonl", compact_history_rows(10))
+        path = write_config(tmp_path, sim.url, [{"name": "t", "path": "t.jsonl"}],
+                            endpoint="fetch_endpoints = false")
+        cfg, outcome = go(path)
+    finally:
+        sim.stop()
+    assert outcome.state == "finished", outcome
+    assert cfg.target.serving == "vllm" and cfg.endpoint.return_token_ids is True
+    with Store.open(cfg.run_dir) as s:
+        rows = list(s.iter_results())
+    assert len(rows) == 10
+    for r in rows:
+        assert r.count_check == "true_ids"
+        assert not any(x.startswith("count:") for x in r.repairs)  # nothing left to repair
+        assert r.input_ids[: r.n_prompt] == r.true_prompt_ids
+    assert verify_run(cfg.run_dir).ok

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specgen.conversation import AssistantMessage, ToolCall
-from specgen.quality.repairs import count_repair
+from specgen.quality.repairs import candidates, count_repair
 from specgen.quality.witness import MAX_OFFSET, UNUSABLE_AFTER, WARMUP, CountWitness
 from specgen.render import get_renderer
 from specgen.tokenizer import load_tokenizer
@@ -77,10 +77,20 @@ def test_compact_arguments_are_respaced_only_when_the_count_says_so(renderer):
 
 def test_inserted_whitespace_is_removed_when_the_count_says_so(renderer):
     model = AssistantMessage(content="The answer is 4.", reasoning="2 + 2")
-    padded = AssistantMessage(content="\n\nThe answer is 4.\n", reasoning="2 + 2")
+    padded = AssistantMessage(content="\n\nThe answer is 4.", reasoning="2 + 2")
     truth = renderer.completion_ids(model)
     message, ids, names = count_repair(padded, len(truth), renderer.completion_ids)
     assert names == ["content_whitespace"] and ids == truth and message == model
+    # before a tool-call section too; whitespace the model wrote at the end of a plain
+    # answer is not where providers insert it, so it stays
+    call = (ToolCall("functions.f:0", "f", '{"a": 1, "b": 2}'),)
+    model = AssistantMessage(content="Checking", reasoning="r", tool_calls=call)
+    padded = AssistantMessage(content="\n\nChecking\n", reasoning="r", tool_calls=call)
+    truth = renderer.completion_ids(model)
+    message, ids, names = count_repair(padded, len(truth), renderer.completion_ids)
+    assert ids == truth and message == model
+    own = AssistantMessage(content="The answer is 4.\n", reasoning="2 + 2")
+    assert all(c.content.endswith("\n") for _, c in candidates(own))
 
 
 def test_the_witness_takes_a_repair_that_makes_the_counts_agree(renderer):

@@ -41,6 +41,9 @@ class TargetConfig:
     model: str
     tokenizer: str
     renderer: str = ""  # default chosen from the model name, see default_renderer()
+    # The stack that serves the target, for how it renders history (specgen.render.serving):
+    # "auto" = vllm for local engines (resolved at start), transformers otherwise.
+    serving: Literal["auto", "transformers", "vllm", "sglang"] = "auto"
 
 
 @dataclass
@@ -221,7 +224,8 @@ class RunConfig:
         """
         data = self.to_json()
         sampling = {k: v for k, v in data["sampling"].items() if k != "max_tokens"}
-        target = {k: v for k, v in data["target"].items() if k != "tokenizer"}
+        target = {k: v for k, v in data["target"].items() if k != "tokenizer"
+                  and not (k == "serving" and v == "auto")}  # runs made before the key
         return _hash({"target": target, "sampling": sampling})
 
     def dataset_result_hash(self, ds: DatasetConfig) -> str:

@@ -42,6 +42,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--skip-invalid", action="store_true",
                    help="report bad lines on stderr and go on (default: stop at the first)")
     p.add_argument("--no-thinking", action="store_true", help="render with thinking off")
+    p.add_argument("--serving", choices=("transformers", "vllm", "sglang"),
+                   default="transformers",
+                   help="how the serving stack renders history: transformers (default: "
+                        "arguments verbatim) or vllm/sglang (history tool-call arguments "
+                        "parsed and written back by the template's tojson)")
     p.add_argument("--chat-template", metavar="FILE",
                    help="with --renderer hf: a jinja chat template to use instead of the tokenizer's")
     p.set_defaults(func=run)
@@ -73,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"specgen tokenize: {args.chat_template}: {getattr(exc, 'strerror', None) or exc}",
                   file=sys.stderr)
             return 2
+    if args.all_turns and args.serving != "transformers":
+        print(f"specgen tokenize: --all-turns cannot be used with --serving {args.serving}: "
+              "that stack re-renders earlier answers in later prompts, so one sequence cannot "
+              "hold every turn as sampled", file=sys.stderr)
+        return 2
     try:
         tokenizer = load_tokenizer(args.tokenizer)
         renderer = get_renderer(args.renderer, tokenizer, thinking=not args.no_thinking, **options)
@@ -85,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         with _open_input(args.input) as src, _AtomicOutput(args.output) as out:
             summary = tokenize_lines(
                 renderer, src, out.write, all_turns=args.all_turns,
-                skip_invalid=args.skip_invalid, source=name,
+                skip_invalid=args.skip_invalid, source=name, serving=args.serving,
                 report=lambda msg: print(msg, file=sys.stderr),
             )
             out.commit()
@@ -108,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 def tokenize_lines(
     renderer, lines: Iterable[bytes], write: Callable[[bytes], object], *, all_turns: bool = False,
     skip_invalid: bool = False, source: str = "<input>",
-    report: Callable[[str], object] = lambda msg: None,
+    report: Callable[[str], object] = lambda msg: None, serving: str = "transformers",
 ) -> Summary:
     """Tokenize JSONL lines (bytes) into sample lines passed to `write`.
 
@@ -117,6 +127,7 @@ def tokenize_lines(
     import orjson
 
     from ..render import RenderError
+    from ..render.serving import history_as_served
     from ..render.validate import check_conversation
 
     dumps, loads = orjson.dumps, orjson.loads
@@ -135,6 +146,11 @@ def tokenize_lines(
                 raise RenderError(f"expected a JSON object, got {type(row).__name__}")
             messages, tools = row.get("messages"), row.get("tools") or None
             check_conversation(messages, tools)
+            if serving != "transformers" and not all_turns:
+                # the history as that stack renders it; the sampled message stays verbatim
+                last = messages[-1:] if messages[-1].get("role") == "assistant" else []
+                history = messages[: len(messages) - len(last)]
+                messages = (history_as_served(history, serving) or history) + last
             sample = make(messages, tools)
         except RenderError as exc:
             msg = f"{source}:{lineno}: {exc}"

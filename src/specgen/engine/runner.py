@@ -272,13 +272,19 @@ def _dialect_url(cfg: RunConfig, policy: ProviderPolicy) -> str | None:
 
 def _resolve_return_token_ids(cfg: RunConfig, policy: ProviderPolicy) -> None:
     """`return_token_ids` unset: on for local engines (every base URL a local host, no
-    OpenRouter-like endpoint list, dialect not openrouter), off otherwise."""
+    OpenRouter-like endpoint list, dialect not openrouter), off otherwise; `target.serving`
+    auto: vllm for local engines (transformers otherwise)."""
     ep = cfg.endpoint
     if ep.return_token_ids is None:
         ep.return_token_ids = (not ep.is_sim and not policy.endpoints
                                and ep.dialect != "openrouter" and local_engines(ep.base_url))
         if ep.return_token_ids:
             log.info("return_token_ids on (local engines): the exported ids are the server's")
+    if cfg.target.serving == "auto" and not ep.is_sim and not policy.endpoints \
+            and ep.dialect != "openrouter" and local_engines(ep.base_url):
+        cfg.target.serving = "vllm"  # local engines parse history arguments (vLLM, SGLang)
+        log.info("serving = vllm (local engines): history tool-call arguments as the server "
+                 "renders them")
 
 
 def _end_session(store: Store, session_id: int, state: str, reason: str) -> None:

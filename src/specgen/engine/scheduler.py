@@ -26,15 +26,10 @@ from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
 from ..quality.repairs import candidates as repair_candidates
-from ..quality.repairs import (
-    count_repair,
-    dedup_repair,
-    has_history_calls,
-    prompt_repair,
-    reserialized_history,
-)
+from ..quality.repairs import count_repair, dedup_repair, has_history_calls, prompt_repair
 from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
+from ..render.serving import history_as_served, reserialized_history
 from ..request import with_max_tokens
 from ..store import Store, pack_ids, pack_json, unpack_json
 from .budget import Budget
@@ -362,7 +357,11 @@ class Engine:
         else:
             task_id, attempts = None, 0
         try:
-            prompt_ids = array("I", self.renderer.prompt_ids(step.messages, step.tools))
+            # the history as the serving stack renders it (render.serving); the request body
+            # still carries the messages as given: the server does this itself
+            served = history_as_served(step.messages, self.cfg.target.serving)
+            history = step.messages if served is None else served
+            prompt_ids = array("I", self.renderer.prompt_ids(history, step.tools))
             if self.tokens_mode:  # the prompt travels as our ids: no template on the server
                 body = self.stages.build_token_request(self.cfg, c.ds.cfg, prompt_ids,
                                                        self.renderer.stop_token_ids)
@@ -382,7 +381,7 @@ class Engine:
             task_id = self._new_task_id()
             self._task_row(task_id, c, step.turn, "pending", 0, None)
             c.ds.bump("pending")
-        job = Job(task_id=task_id, conv=c, turn=step.turn, messages=list(step.messages),
+        job = Job(task_id=task_id, conv=c, turn=step.turn, messages=list(history),
                   tools=step.tools, body=body, prompt_ids=prompt_ids, attempts=attempts,
                   max_tokens=c.ds.max_tokens)
         c.ds.ready.append(job)
@@ -924,7 +923,9 @@ class Engine:
                     count_repair(message, target, render) if restyled else None,
                     dedup_repair(resp, target, rebuild) if resp.duplicates else None)
                     if fix is not None]
-                return fits[0] if len(fits) == 1 else None  # two that fit: ambiguous
+                if fits and all(f[1] == fits[0][1] for f in fits):
+                    return fits[0]  # one result, however it is reached
+                return None  # none, or two that fit with other ids: ambiguous
         prompt_fix = None
         if has_history_calls(job.messages) and reserialized_history(job.messages) is not None:
             # a history a serving stack would re-render: not a plain prompt

@@ -33,6 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..conversation import AssistantMessage, Message, ToolCall
+from ..render.serving import reserialized_history
 
 Render = Callable[[AssistantMessage], list[int]]
 RenderPrompt = Callable[[list[Message]], list[int]]
@@ -61,10 +62,22 @@ def candidates(message: AssistantMessage) -> list[tuple[list[str], AssistantMess
             if calls is not None:
                 styles.append((name, replace(message, tool_calls=calls)))
     out: list[tuple[list[str], AssistantMessage]] = [([n], m) for n, m in styles]
-    stripped = message.content.strip()
-    if stripped != message.content:
-        out.append((["content_whitespace"], replace(message, content=stripped)))
-        out += [([n, "content_whitespace"], replace(m, content=stripped)) for n, m in styles]
+    # whitespace where providers insert it: after </think> (before the content, when there
+    # is reasoning) and before the tool-call section (after the content, when there are
+    # calls); each side its own candidate, so a model's own newlines elsewhere stay
+    text = message.content
+    sides = []
+    if message.reasoning is not None:
+        sides.append(text.lstrip())
+    if message.tool_calls:
+        sides.append(text.rstrip())
+        if message.reasoning is not None:
+            sides.append(text.strip())
+    for stripped in dict.fromkeys(sides):
+        if stripped != text:
+            out.append((["content_whitespace"], replace(message, content=stripped)))
+            out += [([n, "content_whitespace"], replace(m, content=stripped))
+                    for n, m in styles]
     return out
 
 
@@ -84,34 +97,6 @@ def count_repair(message: AssistantMessage, target: int, render: Render
 def has_history_calls(messages: list[Message]) -> bool:
     """Whether the history holds assistant tool calls (a serving stack may re-render them)."""
     return any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages)
-
-
-def reserialized_history(messages: list[Message]) -> list[Message] | None:
-    """The history as a vLLM/SGLang stack feeds it to the template: each assistant tool
-    call's `arguments` parsed and written back as `tojson` does (`json.dumps`, default
-    separators, keys in order, non-ASCII kept); None when that changes nothing."""
-    out: list[Message] = []
-    changed = False
-    for m in messages:
-        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
-        if not calls:
-            out.append(m)
-            continue
-        new_calls = []
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            args = fn.get("arguments") if isinstance(fn, dict) else None
-            if isinstance(args, str):
-                try:
-                    text = json.dumps(json.loads(args), ensure_ascii=False)
-                except ValueError:
-                    text = args  # not JSON: the stack would have refused or kept it
-                if text != args:
-                    changed = True
-                    call = {**call, "function": {**fn, "arguments": text}}
-            new_calls.append(call)
-        out.append({**m, "tool_calls": new_calls})
-    return out if changed else None
 
 
 def prompt_repair(messages: list[Message], target: int, render: RenderPrompt

@@ -24,10 +24,10 @@ from urllib.parse import parse_qs, unquote
 
 import orjson
 
-from ..quality.repairs import reserialized_history
 from ..render import get_renderer
 from ..render.base import RenderError
 from ..render.kimi import KimiRenderer
+from ..render.serving import reserialized_history
 from ..tokenizer import Tokenizer, load_tokenizer
 from .budget import InFlightBudget, spend_limit_error
 from .chat_request import ChatParser, ChatRequest
