@@ -43,6 +43,7 @@ from .faults import (
 )
 from .generate import Generated, GenRequest, Model
 from .http import Request
+from .pacing import send_paced
 from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
 from .serving import Served, Server
@@ -788,27 +789,7 @@ class Simulator:
         cut = len(events)
         if fault in ("mid_stream_error", "connection_reset", "malformed_json"):
             cut = max(1, int(len(events) * (0.2 + 0.6 * ctx.draw)))
-        tps = ctx.provider.tokens_per_second
-        start = time.monotonic()
-        sent_tokens = 0
-        i = 0
-        while i < cut:
-            batch = []
-            if tps <= 0:
-                batch = [e for e, _ in events[i:cut]]
-                i = cut
-            else:
-                due = (time.monotonic() - start) * tps
-                while i < cut and (sent_tokens <= due or not batch):
-                    batch.append(events[i][0])
-                    sent_tokens += events[i][1]
-                    i += 1
-            request.write(b"".join(batch))
-            await request.drain()
-            if i < cut and tps > 0:
-                wait = sent_tokens / tps - (time.monotonic() - start)
-                if wait > 0:
-                    await asyncio.sleep(max(wait, 0.005))
+        await send_paced(request, events, cut, ctx.provider.tokens_per_second)
         if fault is None or fault == "slow_first_byte":
             request.write(DONE)
             self._account(ctx)

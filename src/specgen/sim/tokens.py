@@ -36,6 +36,7 @@ from ..render.kimi import (
 )
 from .faults import HTTP_FAULTS, draw
 from .generate import GenRequest
+from .pacing import send_paced
 from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
 
@@ -577,26 +578,7 @@ class TokenEndpoints:
         cut = len(events)
         if fault in ("mid_stream_error", "connection_reset", "malformed_json"):
             cut = max(1, int(len(events) * (0.2 + 0.6 * job.draw)))
-        tps = job.provider.tokens_per_second
-        start = time.monotonic()
-        sent = 0
-        i = 0
-        while i < cut:
-            if tps <= 0:
-                batch, i = [e for e, _ in events[i:cut]], cut
-            else:
-                due = (time.monotonic() - start) * tps
-                batch = []
-                while i < cut and (sent <= due or not batch):
-                    batch.append(events[i][0])
-                    sent += events[i][1]
-                    i += 1
-            request.write(b"".join(batch))
-            await request.drain()
-            if i < cut and tps > 0:
-                wait = sent / tps - (time.monotonic() - start)
-                if wait > 0:
-                    await asyncio.sleep(max(wait, 0.005))
+        await send_paced(request, events, cut, job.provider.tokens_per_second)
         if fault is None or fault == "slow_first_byte":
             request.write(_DONE)
             self._account(job)
