@@ -700,7 +700,6 @@ class Simulator:
     def _complete(self, ctx: _Ctx) -> None:
         """Send the non-stream answer (or the fault that breaks it)."""
         fault = ctx.fault
-        request = ctx.request
         if fault in ("error_in_body", "mid_stream_error"):
             if fault == "error_in_body" and ctx.draw < 0.5:
                 body = error_body(502, "Provider returned error", {
@@ -715,6 +714,14 @@ class Simulator:
             self.stats.provider(ctx.provider.name)["failed"] += 1
             return self._fail(ctx, 200, body, fault)
         payload = orjson.dumps(self._body(ctx, ctx.served))
+        self._send_payload(ctx, payload, fault, self._account)
+
+    def _send_payload(self, ctx, payload: bytes, fault: str | None,
+                      account: Callable[[Any], None]) -> None:
+        """Send a non-stream 200 body, or break it as the fault says (`malformed_json`: half
+        of it and garbage; `connection_reset`: half of it, then a TCP reset); `account`
+        books a completed answer. `ctx` is a chat `_Ctx` or a token-in job."""
+        request = ctx.request
         if fault == "malformed_json":
             self.stats.provider(ctx.provider.name)["failed"] += 1
             cut = payload[: max(1, len(payload) // 2)]
@@ -727,7 +734,7 @@ class Simulator:
                               b"Content-Length: %d\r\n\r\n" % len(payload)
                               + payload[: len(payload) // 2])
             return self._park(ctx, 0.02, self._reset)
-        self._account(ctx)
+        account(ctx)
         self._finish(ctx, "completed")
         request.respond(200, payload)
 

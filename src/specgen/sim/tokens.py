@@ -496,29 +496,12 @@ class TokenEndpoints:
                     "cached_tokens": 0, "e2e_latency": time.monotonic() - job.t0}}
 
     def _respond(self, job: _Job) -> None:
-        sim, fault, request = self.sim, job.fault, job.request
+        sim, fault = self.sim, job.fault
         if fault in ("error_in_body", "mid_stream_error"):
             sim.stats.provider(job.provider.name)["failed"] += 1
             return sim._fail(job, 200, self._broken_body(job), fault)
         body = self._vllm_body(job) if job.api == VLLM else self._sglang_body(job)
-        payload = orjson.dumps(body)
-        if fault == "malformed_json":
-            sim.stats.provider(job.provider.name)["failed"] += 1
-            sim._finish(job, fault)
-            return request.respond(200, payload[: max(1, len(payload) // 2)] + b"\x00<html>")
-        if fault == "connection_reset":
-            sim.stats.provider(job.provider.name)["failed"] += 1
-            request.write_raw(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: %d\r\n\r\n" % len(payload)
-                              + payload[: len(payload) // 2])
-            return sim._park(job, 0.02, self._reset)
-        self._account(job)
-        sim._finish(job, "completed")
-        request.respond(200, payload)
-
-    def _reset(self, job: _Job) -> None:
-        self.sim._finish(job, "connection_reset")
-        job.request.reset()
+        sim._send_payload(job, orjson.dumps(body), fault, self._account)
 
     async def _stream(self, job: _Job) -> None:
         outcome = "cancelled"
