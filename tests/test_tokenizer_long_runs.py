@@ -40,6 +40,9 @@ def texts():
     yield "A" * 60000 + "\n" * 30000 + "b" * 10
     yield "ab " * 140000  # longer than a window, no long run
     yield "q" * 410000  # a window boundary inside a run
+    for start in (1, 12499, 12500, 12501, 24999):  # long runs wherever they begin
+        yield "a b" * (start // 3) + "c" * (start % 3) + " " * 25001 + "z"
+        yield " " * start + "y" * 25001
     for _ in range(6):
         parts = [rng.choice(["x", " ", "\u3000", "{}", "<|im_end|>", "中"]) * rng.choice(
             [1, 7, 24999, 25000, 25001, 60000]) for _ in range(rng.randint(1, 6))]
