@@ -43,7 +43,7 @@ from .faults import (
 )
 from .generate import Generated, GenRequest, Model
 from .http import Request
-from .pacing import send_paced
+from .pacing import DONE, send_stream
 from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
 from .serving import Served, Server
@@ -53,7 +53,6 @@ from .tokens import TokenEndpoints
 log = logging.getLogger("specgen.sim")
 
 KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
-DONE = b"data: [DONE]\n\n"
 IDS_HEADER = "x-specgen-return-token-ids"
 _SEEN_LIMIT = 50_000  # distinct request bodies remembered for the occurrence counter (~5 MB)
 GENERATION_LOG = 10_000  # completed generations kept for GET /generation
@@ -792,32 +791,14 @@ class Simulator:
             request.end_stream()
             return fault
         self._answer(ctx)
-        events = self._events(ctx)  # [(bytes, n_tokens)]
-        cut = len(events)
-        if fault in ("mid_stream_error", "connection_reset", "malformed_json"):
-            cut = max(1, int(len(events) * (0.2 + 0.6 * ctx.draw)))
-        await send_paced(request, events, cut, ctx.provider.tokens_per_second)
-        if fault is None or fault == "slow_first_byte":
-            request.write(DONE)
-            self._account(ctx)
-            request.end_stream()
-            return "completed"
-        self.stats.provider(ctx.provider.name)["failed"] += 1
-        if fault == "mid_stream_error":
-            request.write(_event(self._chunk(ctx, {"content": ""}, None, finish="error") | {
+        return await send_stream(
+            self, ctx, self._events(ctx), account=self._account,
+            error_event=lambda: _event(self._chunk(ctx, {"content": ""}, None, finish="error") | {
                 "error": {"code": 502, "message": "Provider disconnected unexpectedly",
                           "metadata": {"provider_name": ctx.provider.name,
-                                       "raw": "stream closed"}}}))
-            request.end_stream()
-        elif fault == "malformed_json":
-            request.write(b'data: {"id": "' + ctx.gen_id.encode() + b'", "choices": [{"delta"\n\n')
-            request.write(b"".join(e for e, _ in events[cut:]) + DONE)
-            request.end_stream()
-        else:  # connection_reset
-            await asyncio.sleep(0.02)
-            self._finish(ctx, fault)
-            request.reset()
-        return fault
+                                       "raw": "stream closed"}}}),
+            broken_event=lambda: b'data: {"id": "' + ctx.gen_id.encode()
+            + b'", "choices": [{"delta"\n\n')
 
     def _chunk(self, ctx: _Ctx, delta: dict[str, Any] | None, token_ids: list[int] | None, *,
                finish: str | None = None) -> dict[str, Any]:

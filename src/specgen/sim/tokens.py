@@ -36,7 +36,7 @@ from ..render.kimi import (
 )
 from .faults import HTTP_FAULTS, draw
 from .generate import GenRequest
-from .pacing import send_paced
+from .pacing import DONE, send_stream
 from .rand import HashRandom
 from .routing import BadRequest, NoEndpoints, route
 
@@ -49,7 +49,6 @@ SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default when max_new_tokens 
 _NUMERIC = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
             "repetition_penalty")
 _STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-_DONE = b"data: [DONE]\n\n"
 # Status -> (vLLM-style error type, message) of the HTTP faults.
 _FAULT_ERRORS = {
     429: ("RateLimitError", "Too many requests, please retry later"),
@@ -554,32 +553,14 @@ class TokenEndpoints:
         request.start_stream(200, _STREAM_HEADERS)
         if fault == "error_in_body":
             self.sim.stats.provider(job.provider.name)["failed"] += 1
-            request.write(_event({"error": self._broken_body(job)}) + _DONE)
+            request.write(_event({"error": self._broken_body(job)}) + DONE)
             request.end_stream()
             return fault
-        events = self._events(job)
-        cut = len(events)
-        if fault in ("mid_stream_error", "connection_reset", "malformed_json"):
-            cut = max(1, int(len(events) * (0.2 + 0.6 * job.draw)))
-        await send_paced(request, events, cut, job.provider.tokens_per_second)
-        if fault is None or fault == "slow_first_byte":
-            request.write(_DONE)
-            self._account(job)
-            request.end_stream()
-            return "completed"
-        self.sim.stats.provider(job.provider.name)["failed"] += 1
-        if fault == "mid_stream_error":
-            request.write(_event({"error": self._broken_body(job)}) + _DONE)
-            request.end_stream()
-        elif fault == "malformed_json":
-            request.write(b'data: {"id": "cmpl-' + job.gen_id.encode() + b'", "choices": [{"te\n\n')
-            request.write(b"".join(e for e, _ in events[cut:]) + _DONE)
-            request.end_stream()
-        else:  # connection_reset
-            await asyncio.sleep(0.02)
-            self.sim._finish(job, fault)
-            request.reset()
-        return fault
+        return await send_stream(
+            self.sim, job, self._events(job), account=self._account,
+            error_event=lambda: _event({"error": self._broken_body(job)}) + DONE,
+            broken_event=lambda: b'data: {"id": "cmpl-' + job.gen_id.encode()
+            + b'", "choices": [{"te\n\n')
 
 
 # -- tool declarations ------------------------------------------------------------------------
