@@ -30,6 +30,7 @@ from .conversation import Message, content_text, message_reasoning
 from .planner import TurnRequest
 
 PROTECTED = frozenset({"model", "messages", "tools"})  # `sampling.extra` cannot replace these
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")  # sent when set
 
 
 def dialect(base_url: str) -> str:
@@ -90,7 +91,7 @@ def build_request(
     if req.tools:
         body["tools"] = req.tools
     body["max_tokens"] = cfg.max_tokens_for(ds)
-    for key in ("temperature", "top_p", "top_k", "min_p", "seed", "stop"):
+    for key in (*SAMPLING_KEYS, "stop"):
         value = getattr(s, key)
         if value is not None:
             body[key] = value
@@ -112,9 +113,6 @@ def build_request(
             body[key] = value
     body.pop("models", None)  # never a fallback to other models (the config refuses it too)
     return body
-
-
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")
 
 
 def build_token_request(

@@ -54,6 +54,16 @@ def _check_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def _encode(body: dict[str, Any]) -> bytes:
+    """The request body as sent (orjson, once); a body that is not JSON is `bad_request`."""
+    try:
+        return orjson.dumps(body)
+    except TypeError as exc:
+        problem = str(exc)
+    # raised outside the except block, so no exception chain holds the body
+    raise ApiError("bad_request", f"request body is not JSON-serialisable: {problem}")
+
+
 def raise_open_file_limit(wanted: int) -> int:
     """Raise the soft RLIMIT_NOFILE towards `wanted` (each request in flight is a socket).
     Returns the soft limit now in force; a no-op where the platform has no such limit."""
@@ -225,24 +235,14 @@ class ChatClient:
             body = {**body, "stream": stream}
             if stream and "stream_options" not in body:
                 body["stream_options"] = {"include_usage": True}
-        try:
-            payload = orjson.dumps(body)
-        except TypeError as exc:
-            problem = str(exc)
-        else:
-            return await self._call("POST", None, payload, bool(stream))
-        raise ApiError("bad_request", f"request body is not JSON-serialisable: {problem}")
+        return await self._call("POST", None, _encode(body), bool(stream))
 
     async def complete_tokens(self, body: dict[str, Any], api: str = "vllm") -> ChatResponse:
         """POST a token-in body (`specgen.request.build_token_request`) to vLLM's
         `/completions` or SGLang's `/generate`; the answer holds the sampled ids (and no
         text fields), or an `ApiError` classified as for chat."""
-        try:
-            payload = orjson.dumps(body)
-        except TypeError as exc:
-            raise ApiError("bad_request", f"request body is not JSON-serialisable: {exc}"
-                           ) from None
-        return await self._call("POST", None, payload, bool(body.get("stream")), token_api=api)
+        return await self._call("POST", None, _encode(body), bool(body.get("stream")),
+                                token_api=api)
 
     async def get_json(self, path: str) -> Any:
         """GET `<base_url>/<path>` and return its JSON, e.g. `models/{author}/{slug}/endpoints`

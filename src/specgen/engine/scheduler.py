@@ -26,7 +26,7 @@ from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
 from ..quality.repairs import candidates as repair_candidates
-from ..quality.repairs import count_repair, dedup_repair, has_history_calls, prompt_repair
+from ..quality.repairs import count_repair, dedup_repair, prompt_repair
 from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
 from ..render.serving import history_as_served, reserialized_history
@@ -837,9 +837,8 @@ class Engine:
             if verdict.prompt_ids is not None:  # the model saw another prompt: that one
                 prompt_ids = array("I", verdict.prompt_ids)
             repairs += [f"count:{name}" for name in verdict.repairs]
-        if self.tokens_mode:
-            pass
-        elif resp.prompt_token_ids is not None and resp.completion_token_ids is not None:
+        if (not self.tokens_mode and resp.prompt_token_ids is not None
+                and resp.completion_token_ids is not None):
             # the backend's own ids are the sample; the witness's verdict on ours is kept
             # so that verify can measure the witness against the truth
             repairs.append(f"witness:{count_check}")
@@ -927,10 +926,10 @@ class Engine:
                     return fits[0]  # one result, however it is reached
                 return None  # none, or two that fit with other ids: ambiguous
         prompt_fix = None
-        if has_history_calls(job.messages) and reserialized_history(job.messages) is not None:
-            # a history a serving stack would re-render: not a plain prompt
+        served = reserialized_history(job.messages)
+        if served is not None:  # a history a serving stack would re-render: not a plain prompt
             def prompt_fix(target: int):
-                return prompt_repair(job.messages, target,
+                return prompt_repair(served, target,
                                      lambda msgs: self.renderer.prompt_ids(msgs, job.tools))
         key = resp.provider or resp.base_url or "(unknown)"
         verdict = self.witness.judge(key, prompt=len(job.prompt_ids), completion=len(completion),

@@ -33,7 +33,6 @@ from dataclasses import replace
 from typing import Any
 
 from ..conversation import AssistantMessage, Message, ToolCall
-from ..render.serving import reserialized_history
 
 Render = Callable[[AssistantMessage], list[int]]
 RenderPrompt = Callable[[list[Message]], list[int]]
@@ -94,19 +93,12 @@ def count_repair(message: AssistantMessage, target: int, render: Render
     return found[0] if len(found) == 1 else None
 
 
-def has_history_calls(messages: list[Message]) -> bool:
-    """Whether the history holds assistant tool calls (a serving stack may re-render them)."""
-    return any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages)
-
-
-def prompt_repair(messages: list[Message], target: int, render: RenderPrompt
+def prompt_repair(served: list[Message], target: int, render: RenderPrompt
                   ) -> tuple[list[int], list[str]] | None:
     """The prompt ids the model saw when its serving stack re-serialised the history's tool
-    call arguments, when that prompt is exactly `target` ids long; else None."""
-    alt = reserialized_history(messages)
-    if alt is None:
-        return None
-    ids = render(alt)
+    call arguments (`served`: `reserialized_history` of the request's messages), when that
+    prompt is exactly `target` ids long; else None."""
+    ids = render(served)
     return (ids, ["history_reserialized"]) if len(ids) == target else None
 
 
