@@ -436,6 +436,12 @@ def _validate_target(cfg: RunConfig, base: Path, where: str) -> None:
         cfg.target.tokenizer = str(resolved)
 
 
+def is_openrouter_url(base_url: str) -> bool:
+    """Whether a base URL is OpenRouter's (openrouter.ai or a subdomain of it)."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    return host == "openrouter.ai" or host.endswith(".openrouter.ai")
+
+
 def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
     if not ep.base_url:
         raise ConfigError(f"{where}: endpoint.base_url must not be empty")
@@ -467,9 +473,7 @@ def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
         if not isinstance(ep.headers[name], str):
             raise ConfigError(f"{where}: endpoint.headers.{name} must be a string")
     if ep.mode == "tokens":
-        hosted = [u for u in ep.base_url
-                  if (urlsplit(u).hostname or "").lower().endswith("openrouter.ai")]
-        if hosted or ep.dialect == "openrouter":
+        if any(is_openrouter_url(u) for u in ep.base_url) or ep.dialect == "openrouter":
             raise ConfigError(
                 f"{where}: endpoint.mode = \"tokens\" sends token-id prompts, which only local "
                 "engines take (vLLM /v1/completions, SGLang /generate); OpenRouter takes chat "

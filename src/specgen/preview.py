@@ -22,8 +22,9 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
+from .client.tokens import token_url
 from .config import DatasetConfig, RunConfig
 from .conversation import AssistantMessage, Conversation
 from .planner import End, TurnRequest, next_request
@@ -251,12 +252,15 @@ def planned_requests(conv: Conversation, turns: str) -> list[TurnRequest]:
 def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Conversation,
             row: int, req: TurnRequest, prompt_ids: list[int]) -> SamplePreview:
     ep = cfg.endpoint
+    base = ep.base_url[0]  # "sim" stands in as http://sim, then is named in words
     if ep.tokens_mode:
         body = build_token_request(cfg, ds, prompt_ids, renderer.stop_token_ids)
-        path = "/generate" if ep.token_api_name == "sglang" else "/completions"
+        url = token_url("http://sim" if base == "sim" else base, ep.token_api_name)
     else:
         body = build_request(cfg, ds, req)
-        path = "/chat/completions"
+        url = ("http://sim" if base == "sim" else base.rstrip("/")) + "/chat/completions"
+    if base == "sim":
+        url = "(the built-in simulator)" + url.removeprefix("http://sim")
     completion: list[int] = []
     answer = "model"
     if req.turn < len(conv.messages):
@@ -266,11 +270,6 @@ def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Convers
             answer = "dataset"
         except RenderError:
             completion = []
-    base = ep.base_url[0]
-    if path == "/generate" and base != "sim":  # SGLang's native API sits at the root
-        parts = urlsplit(base)
-        base = f"{parts.scheme}://{parts.netloc}"
-    url = f"(the built-in simulator){path}" if base == "sim" else base.rstrip("/") + path
     return SamplePreview(conversation_id=conv.id, row=row, turn=req.turn, url=url,
                          headers=request_headers(cfg), body=body,
                          input_ids=[*prompt_ids, *completion], n_prompt=len(prompt_ids),

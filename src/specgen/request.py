@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from .config import DatasetConfig, RunConfig
+from .config import DatasetConfig, RunConfig, is_openrouter_url
 from .conversation import Message, content_text, message_reasoning
 from .planner import TurnRequest
 
@@ -37,8 +37,7 @@ def dialect(base_url: str) -> str:
     """`openrouter` for OpenRouter and the simulator, else `openai`."""
     if base_url == "sim":
         return "openrouter"
-    host = (urlparse(base_url).hostname or "").lower()
-    return "openrouter" if host == "openrouter.ai" or host.endswith(".openrouter.ai") else "openai"
+    return "openrouter" if is_openrouter_url(base_url) else "openai"
 
 
 LOCAL_SUFFIXES = (".local", ".internal", ".localdomain", ".lan", ".svc", ".cluster.local")

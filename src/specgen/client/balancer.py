@@ -54,11 +54,8 @@ class Endpoint:
     cooldowns: int = 0
     cooled_until: float = 0.0  # monotonic time; 0 = healthy
 
-    def url_for(self, path: str, *, root: bool = False) -> URL:
-        """`<base_url>/<path>`; `root`: at the server's root instead (SGLang's `/generate`
-        sits beside `/v1`, not under it)."""
-        base = str(URL(self.url).origin()) if root else self.url
-        return URL(base + "/" + path.lstrip("/"))
+    def url_for(self, path: str) -> URL:
+        return URL(self.url + "/" + path.lstrip("/"))
 
     def stats(self, now: float) -> dict[str, Any]:
         return {

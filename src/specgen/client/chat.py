@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from .balancer import Balancer
 from .deadline import Deadline
 from .errors import Redactor, describe_error, error_from_response, snippet
 from .parse import StreamParser, parse_completion
-from .tokens import finish_token_answer, parse_token_completion, token_path
+from .tokens import finish_token_answer, parse_token_completion, token_url
 from .types import ApiError, ChatResponse
 
 if TYPE_CHECKING:
@@ -269,7 +270,7 @@ class ChatClient:
         try:
             try:
                 if token_api is not None:
-                    url = ep.url_for(token_path(token_api), root=token_api == "sglang")
+                    url = URL(token_url(ep.url, token_api))
                 else:
                     url = ep.chat_url if path is None else ep.url_for(path)
                 async with session.request(method, url, data=payload,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from yarl import URL
 
 from .errors import snippet
 from .parse import _failure, _ids, _invalid, _opt_str
@@ -27,9 +28,12 @@ from .types import ChatResponse
 TOKEN_APIS = ("vllm", "sglang")
 
 
-def token_path(api: str) -> str:
-    """Path of the token-in endpoint relative to the base URL (`/generate` is at the root)."""
-    return "generate" if api == "sglang" else "completions"
+def token_url(base_url: str, api: str) -> str:
+    """The token-in endpoint of a base URL: `<base_url>/completions` (vLLM), or `/generate`
+    at the server's root (SGLang's native API sits beside `/v1`, not under it)."""
+    if api == "sglang":
+        return str(URL(base_url).origin()) + "/generate"
+    return base_url.rstrip("/") + "/completions"
 
 
 def parse_token_completion(data: bytes, api: str) -> ChatResponse:

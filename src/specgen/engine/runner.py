@@ -217,7 +217,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         client = ChatClient.from_config(cfg.endpoint, base_urls=urls)
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
-            _resolve_return_token_ids(cfg, policy)
+            _resolve_local_defaults(cfg, policy)
             store.set_meta("prices", orjson.dumps(prices.to_json()).decode())
             if cfg.budget.max_cost_usd is not None and not prices.known:
                 log.warning("no prices known (set [budget] prompt_price_per_m and "
@@ -270,18 +270,19 @@ def _dialect_url(cfg: RunConfig, policy: ProviderPolicy) -> str | None:
     return None
 
 
-def _resolve_return_token_ids(cfg: RunConfig, policy: ProviderPolicy) -> None:
-    """`return_token_ids` unset: on for local engines (every base URL a local host, no
-    OpenRouter-like endpoint list, dialect not openrouter), off otherwise; `target.serving`
-    auto: vllm for local engines (transformers otherwise)."""
+def _resolve_local_defaults(cfg: RunConfig, policy: ProviderPolicy) -> None:
+    """The defaults that depend on whether the servers are local engines (every base URL a
+    local host, no OpenRouter-like endpoint list, dialect not openrouter): `return_token_ids`
+    unset is on for them (off otherwise), `target.serving = "auto"` is vllm for them
+    (transformers otherwise)."""
     ep = cfg.endpoint
+    local = (not ep.is_sim and not policy.endpoints and ep.dialect != "openrouter"
+             and local_engines(ep.base_url))
     if ep.return_token_ids is None:
-        ep.return_token_ids = (not ep.is_sim and not policy.endpoints
-                               and ep.dialect != "openrouter" and local_engines(ep.base_url))
-        if ep.return_token_ids:
+        ep.return_token_ids = local
+        if local:
             log.info("return_token_ids on (local engines): the exported ids are the server's")
-    if cfg.target.serving == "auto" and not ep.is_sim and not policy.endpoints \
-            and ep.dialect != "openrouter" and local_engines(ep.base_url):
+    if cfg.target.serving == "auto" and local:
         cfg.target.serving = "vllm"  # local engines parse history arguments (vLLM, SGLang)
         log.info("serving = vllm (local engines): history tool-call arguments as the server "
                  "renders them")
