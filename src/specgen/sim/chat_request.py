@@ -55,6 +55,17 @@ def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -
     return ChatParser(cfg).parse(body, ids_header=ids_header)
 
 
+def body_and_model(body: Any) -> tuple[Any, str]:
+    """(`body.get`, the `model` string) of a request body; BadRequest naming what is wrong.
+    Bodies come from orjson, so JSON types are exact: `type(x) is str` is isinstance."""
+    if type(body) is not dict:
+        raise BadRequest("request body must be a JSON object")
+    model = body.get("model")
+    if type(model) is not str or not model:
+        raise BadRequest("model: required string")
+    return body.get, model
+
+
 class ChatParser:
     """`parse_chat_request` with what depends only on the config worked out once."""
 
@@ -66,13 +77,7 @@ class ChatParser:
             self._served[m] = m
 
     def parse(self, body: Any, *, ids_header: bool = False) -> ChatRequest:
-        # Bodies come from orjson, so JSON types are exact: `type(x) is str` is isinstance.
-        if type(body) is not dict:
-            raise BadRequest("request body must be a JSON object")
-        get = body.get
-        model = get("model")
-        if type(model) is not str or not model:
-            raise BadRequest("model: required string")
+        get, model = body_and_model(body)
         sort = None
         base = model
         if ":" in model:

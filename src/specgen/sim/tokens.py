@@ -34,6 +34,7 @@ from ..render.kimi import (
     IM_SYSTEM,
     tool_name_from_id,
 )
+from .chat_request import body_and_model
 from .faults import HTTP_FAULTS, draw
 from .generate import GenRequest
 from .pacing import DONE, send_stream
@@ -258,12 +259,7 @@ class TokenEndpoints:
 
     # -- request bodies -------------------------------------------------------------------
     def parse_vllm(self, body: Any) -> TokenRequest:
-        if type(body) is not dict:
-            raise BadRequest("request body must be a JSON object")
-        get = body.get
-        model = get("model")
-        if type(model) is not str or not model:
-            raise BadRequest("model: required string")
+        get, model = body_and_model(body)
         served = self._served.get(model)
         if served is None:
             raise _Refused(404, f"The model `{model}` does not exist.")
