@@ -41,14 +41,17 @@ PROVIDERS = {
 }
 
 
-def run(tmp_path, kind: str, n: int, *, true_ids: bool, quality: str = "", name: str = "run",
-        rows=tool_rows):
-    sim = SimProcess(tmp_path, SIM.format(provider=PROVIDERS[kind]), name=kind)
+def run(tmp_path, kind: str, n: int, *, true_ids: bool | None, quality: str = "",
+        name: str = "run", rows=tool_rows, turns: str = "first", endpoint: str = ""):
+    """A run of n rows against a sim with provider `kind` (PROVIDERS, or a TOML line);
+    `true_ids` None leaves return_token_ids unset."""
+    sim = SimProcess(tmp_path, SIM.format(provider=PROVIDERS.get(kind, kind)), name=name)
     try:
         write_jsonl(tmp_path / "t.jsonl", rows(n))
-        endpoint = f"return_token_ids = {str(true_ids).lower()}"
+        if true_ids is not None:
+            endpoint = f"return_token_ids = {str(true_ids).lower()}\n{endpoint}"
         path = write_config(tmp_path, sim.url,
-                            [{"name": "t", "path": "t.jsonl", "turns": "first"}],
+                            [{"name": "t", "path": "t.jsonl", "turns": turns}],
                             endpoint=endpoint, extra=quality, name=name)
         cfg, outcome = go(path)
     finally:
@@ -182,14 +185,8 @@ def compact_history_rows(n: int) -> list[dict]:
 @pytest.mark.parametrize("true_ids", [False, True])
 def test_history_re_rendered_by_the_serving_stack_is_the_prompt_of_the_sample(tmp_path,
                                                                               true_ids):
-    sim = SimProcess(tmp_path, SIM.format(provider="rerenders_history = true"), name="rr")
-    try:
-        write_jsonl(tmp_path / "t.jsonl", compact_history_rows(30))
-        path = write_config(tmp_path, sim.url, [{"name": "t", "path": "t.jsonl"}],
-                            endpoint=f"return_token_ids = {str(true_ids).lower()}")
-        cfg, outcome = go(path)
-    finally:
-        sim.stop()
+    cfg, outcome = run(tmp_path, "rerenders_history = true", 30, true_ids=true_ids,
+                       rows=compact_history_rows, turns="last")
     assert outcome.state == "finished", outcome
     with Store.open(cfg.run_dir) as s:
         rows = list(s.iter_results())
@@ -232,14 +229,8 @@ def test_duplicated_stream_events_are_taken_out_when_the_count_says_so(tmp_path)
 def test_local_engines_get_the_vllm_history_by_default(tmp_path):
     # a local server with no endpoint list: serving resolves to vllm, true ids are asked for,
     # and our prompt is the one the re-rendering server fed the model
-    sim = SimProcess(tmp_path, SIM.format(provider="rerenders_history = true"), name="local")
-    try:
-        write_jsonl(tmp_path / "t.jsonl", compact_history_rows(10))
-        path = write_config(tmp_path, sim.url, [{"name": "t", "path": "t.jsonl"}],
-                            endpoint="fetch_endpoints = false")
-        cfg, outcome = go(path)
-    finally:
-        sim.stop()
+    cfg, outcome = run(tmp_path, "rerenders_history = true", 10, true_ids=None,
+                       rows=compact_history_rows, turns="last", endpoint="fetch_endpoints = false")
     assert outcome.state == "finished", outcome
     assert cfg.target.serving == "vllm" and cfg.endpoint.return_token_ids is True
     with Store.open(cfg.run_dir) as s:
