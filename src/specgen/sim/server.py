@@ -485,13 +485,7 @@ class Simulator:
                     self.stats.count_fault(fault, p.name)
                     continue
                 break
-        ps = self.stats.provider(provider.name)
-        ps["requests"] += 1
-        if fault is not None:
-            self.stats.count_fault(fault, provider.name)
-        latency = provider.latency_s
-        if provider.latency_jitter:
-            latency *= 1.0 + provider.latency_jitter * (2.0 * rng.random() - 1.0)
+        ps, latency = self._answering(provider, fault, rng)
         ctx.provider = provider
         if provider.rerenders_history:
             # its serving stack parses history tool-call arguments and the template writes
@@ -533,6 +527,19 @@ class Simulator:
         if wait > 0:
             return self._park(ctx, wait, self._generated)
         return self._generated(ctx)
+
+    def _answering(self, provider: ProviderConfig, fault: str | None, rng: random.Random
+                   ) -> tuple[dict[str, Any], float]:
+        """Count a request (and its fault) for the provider that answers it: its stats, and
+        its time to first token for this request (jitter drawn from `rng`)."""
+        ps = self.stats.provider(provider.name)
+        ps["requests"] += 1
+        if fault is not None:
+            self.stats.count_fault(fault, provider.name)
+        latency = provider.latency_s
+        if provider.latency_jitter:
+            latency *= 1.0 + provider.latency_jitter * (2.0 * rng.random() - 1.0)
+        return ps, latency
 
     def _send_error(self, ctx: _Ctx) -> None:
         status, body, headers = ctx.error

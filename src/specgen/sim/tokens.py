@@ -211,13 +211,7 @@ class TokenEndpoints:
                            "prompt or completion.")
         provider = fitting[0]  # a local engine does not fall back: its faults show
         fault = draw(sim._router_faults, rng) or draw(sim._endpoints[id(provider)].faults, rng)
-        ps = sim.stats.provider(provider.name)
-        ps["requests"] += 1
-        if fault is not None:
-            sim.stats.count_fault(fault, provider.name)
-        latency = provider.latency_s
-        if provider.latency_jitter:
-            latency *= 1.0 + provider.latency_jitter * (2.0 * rng.random() - 1.0)
+        ps, latency = sim._answering(provider, fault, rng)
         if fault == "slow_first_byte":
             latency += cfg.slow_first_byte_s
         job.req, job.provider, job.fault, job.latency = req, provider, fault, latency
