@@ -10,7 +10,7 @@ import random
 import pytest
 
 from specgen.render import get_renderer
-from specgen.tokenizer import MAX_ENCODE_CHARS, MAX_RUN, long_text_pieces
+from specgen.tokenizer import MAX_ENCODE_CHARS, MAX_RUN, long_text_pieces, prefix_state
 
 
 def walk(text: str) -> list[str]:
@@ -74,3 +74,43 @@ def test_the_issues_example_changes_the_prompt(kimi_tokenizer):
     assert ids == [i for p in walk(text)
                    for i in kimi_tokenizer._enc.encode(p, allowed_special="all")]
     assert kimi_tokenizer.decode(ids) == text
+
+
+def split_at(text: str, at: int) -> list[str]:
+    """The walk's pieces of `text`, restricted to text[at:] (a cut is made at `at` too)."""
+    out, pos = [], 0
+    for p in walk(text):
+        lo, hi = pos, pos + len(p)
+        pos = hi
+        if hi > at:
+            out.append(text[max(lo, at):hi])
+    return out
+
+
+def test_text_after_a_prefix_is_cut_as_in_the_whole_string():
+    rng = random.Random(11)
+    cases = [("x" * 24990, "y" * 20), ("a " * 10 + "b" * 25000, "c"), (" " * 30000, " " * 30000),
+             ("p" * (MAX_ENCODE_CHARS - 5), "q" * 12), ("w " * 200001, "z" * 25001),
+             ("", "k" * 25002), ("end\n", "x" * 25001), ("m" * 50000, "n" * 50001)]
+    for _ in range(40):
+        parts = [rng.choice(["x", " ", "中", "\n"]) * rng.choice([1, 9, 12500, 24999, 25001])
+                 for _ in range(rng.randint(1, 5))]
+        text = "".join(parts)
+        cut = rng.randint(0, len(text))
+        cases.append((text[:cut], text[cut:]))
+    for prefix, text in cases:
+        want = split_at(prefix + text, len(prefix))
+        got = [p for p in long_text_pieces(text, prefix_state(prefix)) if p]
+        assert got == want, (len(prefix), len(text))
+
+
+def test_a_completion_is_encoded_as_it_reads_after_its_prompt(kimi_tokenizer):
+    r = get_renderer("kimi-k2.5", kimi_tokenizer, thinking=False)
+    context = [{"role": "user", "content": "z" * 24000}]
+    answer = {"role": "assistant", "content": "y" * 25001}
+    s = r.sample([*context, answer])
+    whole = r.render_text(context, None, add_generation_prompt=True) + r.completion_text(answer)
+    assert s.input_ids == [i for p in walk(whole)
+                           for i in kimi_tokenizer._enc.encode(p, allowed_special="all")]
+    alone = kimi_tokenizer.encode(r.completion_text(answer))
+    assert s.input_ids[s.n_prompt:] != alone  # the prompt's trailing run moves the cut

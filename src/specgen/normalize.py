@@ -294,7 +294,7 @@ def sampled_completion_ids(
             break
     if not norm.reasoning_closed and text.endswith(END_THINK):
         text = text[: -len(END_THINK)]
-    return renderer.tokenizer.encode(text)
+    return renderer.encode_completion(text, context=context, tools=tools)
 
 
 # -- steps ---------------------------------------------------------------------------------

@@ -77,6 +77,14 @@ class Tokenizer:
         """Encode treating special-token text as plain text."""
         raise NotImplementedError
 
+    # True when how text encodes depends on the text before it in the same string (beyond a
+    # special-token boundary): the Kimi encoder's long-run rule.
+    prefix_sensitive: bool = False
+
+    def encode_after(self, prefix: str, text: str) -> list[int]:
+        """Ids of `text` where it follows `prefix` (ending in a special token) in one string."""
+        return self.encode(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Exact text of ids (byte concatenation; invalid UTF-8 is replaced)."""
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
@@ -125,6 +133,8 @@ class Tokenizer:
 
 class TiktokenTokenizer(Tokenizer):
     """Kimi-style tokenizer: ``tiktoken.model`` ranks + ``tokenizer_config.json``."""
+
+    prefix_sensitive = True
 
     def __init__(self, path: Path):
         import tiktoken
@@ -183,6 +193,10 @@ class TiktokenTokenizer(Tokenizer):
             return self._enc.encode(text, allowed_special="all")
         return self._splitter.encode(text)
 
+    def encode_after(self, prefix: str, text: str) -> list[int]:
+        pieces = long_text_pieces(text, prefix_state(prefix))
+        return [i for piece in pieces for i in self._encode_piece(piece)]
+
     def encode_ordinary(self, text: str) -> list[int]:
         if len(text) > MAX_RUN:
             pieces = long_text_pieces(text)
@@ -224,23 +238,62 @@ def _may_have_long_run(text: str) -> bool:
     return False
 
 
-def long_text_pieces(text: str) -> list[str]:
-    """The pieces the Kimi encoder encodes separately (one piece for all but huge inputs)."""
-    if len(text) <= MAX_ENCODE_CHARS and not _may_have_long_run(text):
+def long_text_pieces(text: str, state: tuple[int, int, bool] = (0, 0, False)) -> list[str]:
+    """The pieces the Kimi encoder encodes separately (one piece for all but huge inputs).
+
+    `state` is `prefix_state(prefix)` when `text` follows `prefix` in one encoded string (a
+    completion after its prompt): where the prefix's window ends, and the run it ends with."""
+    offset, carry, carry_space = state
+    if (offset + len(text) <= MAX_ENCODE_CHARS and not _may_have_long_run(text)
+            and (not carry or _leading_run(text, carry_space) + carry <= MAX_RUN)):
         return [text]
     out: list[str] = []
-    for w in range(0, len(text), MAX_ENCODE_CHARS):
-        window = text[w:w + MAX_ENCODE_CHARS]
+    first = MAX_ENCODE_CHARS - offset
+    for w in [0, *range(first, len(text), MAX_ENCODE_CHARS)]:
+        window = text[w:w + (first if w == 0 else MAX_ENCODE_CHARS)]
         start = 0
-        if _LONG_RUN.search(window) is not None:
+        lead = carry if w == 0 and window[:1] and window[0].isspace() == carry_space else 0
+        if lead or _LONG_RUN.search(window) is not None:
             for m in _RUNS.finditer(window):
-                cut, end = m.start() + MAX_RUN, m.end()
+                cut, end = m.start() + MAX_RUN - lead, m.end()
+                lead = 0
                 while cut < end:  # the run grew past MAX_RUN here: a new piece starts
-                    out.append(window[start:cut])
-                    start = cut
+                    if cut > start:
+                        out.append(window[start:cut])
+                        start = cut
                     cut += MAX_RUN
         out.append(window[start:])
     return [p for p in out if p]
+
+
+def prefix_state(prefix: str) -> tuple[int, int, bool]:
+    """What the encoding rule carries from `prefix` into text that follows it: the position
+    in the current 400,000-character window, and the length (as the run counter holds it) and
+    class (whitespace or not) of the run the prefix ends with."""
+    offset = len(prefix) % MAX_ENCODE_CHARS
+    if not offset:
+        return 0, 0, False
+    space = prefix[-1].isspace()
+    run, pos = 0, len(prefix)
+    window_start = len(prefix) - offset
+    while pos > window_start:  # walk back over the trailing run in growing chunks
+        lo = max(window_start, pos - max(64, run))
+        m = _TRAILING_RUN[space].search(prefix, lo, pos)
+        if m is None:  # the run began exactly at pos
+            break
+        run += pos - m.start()
+        if m.start() > lo:
+            break
+        pos = lo
+    return offset, (run - 1) % MAX_RUN + 1, space
+
+
+_TRAILING_RUN = (re.compile(r"\S+$"), re.compile(r"\s+$"))
+_LEADING = (re.compile(rf"\S{{0,{MAX_RUN + 1}}}"), re.compile(rf"\s{{0,{MAX_RUN + 1}}}"))
+
+
+def _leading_run(text: str, space: bool) -> int:
+    return _LEADING[space].match(text).end()
 
 
 # Pieces of plain text remembered by SpecialSplitter: role names, system prompts, tool

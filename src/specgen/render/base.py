@@ -94,6 +94,11 @@ class Renderer:
         """Ids that end a completion (the server's stop tokens)."""
         raise NotImplementedError
 
+    def content_format(self, serving: str) -> str:
+        """How the stack `serving` hands list content to this template: "string" (text parts
+        joined) or "openai" (as parts); see render.serving.content_format."""
+        return "string"
+
     # -- derived ----------------------------------------------------------------------------
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> list[int]:
         """Ids of the generation prompt for these messages (what the server feeds the model)."""
@@ -104,14 +109,28 @@ class Renderer:
         context: Sequence[Message] | None = None, tools: Sequence[Tool] | None = None,
     ) -> list[int]:
         """Ids the model samples for this assistant message (canonical segmentation)."""
-        return self.tokenizer.encode(self.completion_text(message, context=context, tools=tools))
+        text = self.completion_text(message, context=context, tools=tools)
+        return self.encode_completion(text, context=context, tools=tools)
+
+    def encode_completion(
+        self, text: str, *, context: Sequence[Message] | None = None,
+        tools: Sequence[Tool] | None = None,
+    ) -> list[int]:
+        """Ids of completion text as one string with its prompt encodes them: the Kimi
+        encoder's long-run rule counts the prompt's trailing run (docs/tokenizers.md)."""
+        if context is None or not self.tokenizer.prefix_sensitive:
+            return self.tokenizer.encode(text)
+        prompt = self.render_text(context, tools, add_generation_prompt=True)
+        return self.tokenizer.encode_after(prompt, text)
 
     def sample(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> Sample:
         """One forward pass: prompt of messages[:-1] (mask 0) + sampled ids of messages[-1]
         (mask 1) when the last message is an assistant message; else the prompt alone."""
         if messages and messages[-1].get("role") == "assistant":
+            context = messages[:-1]
             return Sample.from_parts(
-                self.prompt_ids(messages[:-1], tools), self.completion_ids(messages[-1])
+                self.prompt_ids(context, tools),
+                self.completion_ids(messages[-1], context=context, tools=tools),
             )
         return Sample.from_parts(self.prompt_ids(messages, tools), [])
 

@@ -131,8 +131,7 @@ class Model:
         else:
             msg = AssistantMessage(content=c_text, reasoning=r_text if thinking else None,
                                    tool_calls=tuple(calls))
-            ids = self.tok.encode(renderer.completion_text(msg, context=req.messages,
-                                                          tools=req.tools))
+            ids = renderer.completion_ids(msg, context=req.messages, tools=req.tools)
         out = Generated(ids=ids, thinking=thinking, renderer=renderer, tool_calls=len(calls),
                         marks=marks, known=known)
         if self.cfg.text_mode == "raw" and rng.random() < self.cfg.raw_rate:
