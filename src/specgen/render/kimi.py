@@ -27,6 +27,9 @@ CALL_BEGIN = "<|tool_call_begin|>"
 CALL_ARG = "<|tool_call_argument_begin|>"
 CALL_END = "<|tool_call_end|>"
 MEDIA_IMAGE = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>\n"
+# K2-Thinking's template writes `<|media_start|>` (plain text in this vocabulary: the model has
+# no vision) and also takes a part with an `image`/`image_url` key as an image.
+K2_THINKING_MEDIA_IMAGE = "<|media_start|>image<|media_content|><|media_pad|><|media_end|>\n"
 
 ROLE_TOKEN = {"user": IM_USER, "assistant": IM_ASSISTANT}
 
@@ -37,8 +40,9 @@ K2_INSTRUCT_SYSTEM = "You are a helpful assistant"
 K25_DEFAULT_SYSTEM: str | None = None
 
 
-def content_with_media(content) -> str:
-    """Message content as template text: text parts concatenated, images as media tokens."""
+def content_with_media(content, media_image: str = MEDIA_IMAGE, image_keys: bool = False) -> str:
+    """Message content as template text: text parts concatenated, images as `media_image`
+    (a part is an image by its type, or with `image_keys` also by an image/image_url key)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -51,8 +55,9 @@ def content_with_media(content) -> str:
             out.append(part)
         elif not isinstance(part, dict):
             raise RenderError(f"content part must be an object, not {type(part).__name__}")
-        elif part.get("type") in ("image", "image_url") or "image" in part or "image_url" in part:
-            out.append(MEDIA_IMAGE)
+        elif part.get("type") in ("image", "image_url") or image_keys and (
+                "image" in part or "image_url" in part):
+            out.append(media_image)
         elif part.get("type") in ("video", "video_url") or "video" in part or "video_url" in part:
             # K2.5 expands videos into frames with its processor; the ids are not knowable here.
             raise RenderError("video content parts are not supported by the Kimi renderers")
@@ -71,6 +76,19 @@ class KimiRenderer(Renderer):
     prompt_opens_think: bool = field(default=True, init=False)  # K2.5: prompt ends in <think>
     # Read when the renderer is built, so the module switch K25_DEFAULT_SYSTEM takes effect.
     default_system: str | None = field(default_factory=lambda: K25_DEFAULT_SYSTEM, init=False)
+    media_image: str = field(default=MEDIA_IMAGE, init=False)
+    image_keys: bool = field(default=False, init=False)  # an image/image_url key marks an image
+
+    # The template loops over `message['content']` (K2-Instruct) or over a variable set from
+    # it (K2.5, K2-Thinking): vLLM hands list content as parts only in the first case; SGLang
+    # always, as every Kimi template mentions images.
+    loops_over_content: bool = field(default=False, init=False)
+
+    def content_text(self, content) -> str:
+        return content_with_media(content, self.media_image, self.image_keys)
+
+    def content_format(self, serving: str) -> str:
+        return "openai" if serving == "sglang" or self.loops_over_content else "string"
 
     # -- text -------------------------------------------------------------------------------
     def tool_declaration(self, tools: Sequence[Tool]) -> str:
@@ -111,11 +129,11 @@ class KimiRenderer(Renderer):
             return head + self._assistant_body(m, keep_reasoning=keep_reasoning) + IM_END
         if role == "tool":
             return head + self.tool_result_body(m) + IM_END
-        return head + content_with_media(m.get("content")) + IM_END
+        return head + self.content_text(m.get("content")) + IM_END
 
     def tool_result_body(self, m: Message) -> str:
         # One plain-text piece: header and content are joined before encoding.
-        return f"## Return of {m.get('tool_call_id') or ''}\n{content_with_media(m.get('content'))}"
+        return f"## Return of {m.get('tool_call_id') or ''}\n{self.content_text(m.get('content'))}"
 
     def _assistant_body(self, m: Message | AssistantMessage, *, keep_reasoning: bool) -> str:
         msg = m if isinstance(m, AssistantMessage) else _assistant(m)
@@ -212,6 +230,8 @@ class KimiK2ThinkingRenderer(KimiRenderer):
     name: str = field(default="kimi-k2-thinking", init=False)
     prompt_opens_think: bool = field(default=False, init=False)
     default_system: str | None = field(default=K2_THINKING_SYSTEM, init=False)
+    media_image: str = field(default=K2_THINKING_MEDIA_IMAGE, init=False)
+    image_keys: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
         self.thinking = True
@@ -232,6 +252,10 @@ class KimiK2InstructRenderer(KimiRenderer):
     name: str = field(default="kimi-k2-instruct", init=False)
     has_thinking: bool = field(default=False, init=False)
     default_system: str | None = field(default=K2_INSTRUCT_SYSTEM, init=False)
+    # its template: `<|media_start|>` as in K2-Thinking, but no newline after the image
+    media_image: str = field(default=K2_THINKING_MEDIA_IMAGE.rstrip("\n"), init=False)
+    image_keys: bool = field(default=True, init=False)
+    loops_over_content: bool = field(default=True, init=False)
     tool_json_separators: tuple[str, str] = field(default=(", ", ": "), init=False)
 
     def tool_declaration(self, tools):
