@@ -234,3 +234,27 @@ def test_long_runs_in_tool_results_and_user_text(tok, official_k25, content):
             {"role": "tool", "tool_call_id": "functions.f:0", "content": content}]
     native = get_renderer("kimi-k2.5", tok)
     assert native.prompt_ids(msgs) == official_k25.ids(msgs, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("stack", ["vllm", "sglang"])
+def test_served_history_equals_the_official_template_fed_by_that_stack(tok, official_k25, stack):
+    from specgen.render.serving import history_as_served
+    from test_render_hf_parity import sglang_messages, vllm_messages
+
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                         {"type": "text", "text": "world"}]},
+            {"role": "assistant", "content": None, "reasoning": "look it up", "tool_calls": [
+                {"id": "functions.f:0", "type": "function",
+                 "function": {"name": "f", "arguments": '{"a":1,"b":"é"}'}}]},
+            {"role": "tool", "tool_call_id": "functions.f:0",
+             "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}]}]
+    native = get_renderer("kimi-k2.5", tok)
+    fmt = native.content_format(stack)
+    prep = vllm_messages if stack == "vllm" else sglang_messages
+    want = official_k25.ids(prep(msgs, fmt == "string"), add_generation_prompt=True)
+    served = history_as_served(msgs, stack, fmt)
+    assert native.prompt_ids(served) == want
+    assert native.prompt_ids(msgs) != want  # the stack changed what the model saw
+    text = native.render_text(served, add_generation_prompt=True)
+    assert ("Hello\nworld" if stack == "vllm" else "Helloworld") in text
+    assert '{"a": 1, "b": "é"}' in text and "look it up" in text

@@ -134,7 +134,7 @@ def test_chatml_sample_masks_exactly_the_sampled_part(chatml_tok):
 
 
 def test_chatml_tools_and_tool_calls(chatml_tok):
-    r = get_renderer("hf", chatml_tok)
+    r = get_renderer("hf", chatml_tok, parse_tool_arguments=True)
     msgs = [{"role": "user", "content": "Paris?"},
             {"role": "assistant", "content": "", "reasoning": "use the tool", "tool_calls": [CALL]}]
     text = r.render_text(msgs, TOOLS, add_generation_prompt=False)
@@ -147,7 +147,8 @@ def test_chatml_tools_and_tool_calls(chatml_tok):
     assert r.parse_completion(s.input_ids[s.n_prompt:]) == AssistantMessage(
         content="", reasoning="use the tool",
         tool_calls=(ToolCall(id="", name="get_weather", arguments='{"city": "Paris"}'),))
-    raw = HFRenderer(chatml_tok, parse_tool_arguments=False)
+    # the default is transformers': the arguments string as given (the template tojson's it)
+    raw = HFRenderer(chatml_tok)
     assert '"arguments": "{\\"city\\": \\"Paris\\"}"' in raw.render_text(msgs, TOOLS, add_generation_prompt=False)
 
 

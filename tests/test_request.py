@@ -109,7 +109,9 @@ def test_local_servers_get_the_openai_dialect(tmp_path, glaive_conv):
     hist = build_request(cfg, cfg.datasets[0], TurnRequest(2, [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "a", "reasoning_content": "r"}], None))
-    assert hist["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": "r"}
+    # both names: vLLM reads `reasoning`, SGLang `reasoning_content`
+    assert hist["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": "r",
+                                   "reasoning": "r"}
 
 
 def test_base_url_override_picks_the_dialect(tmp_path, glaive_conv):

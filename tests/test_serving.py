@@ -22,7 +22,8 @@ def test_vllm_and_sglang_rewrite_history_arguments_transformers_does_not():
     assert history_as_served(CONV, "transformers") is None
     for stack in ("vllm", "sglang"):
         served = history_as_served(CONV, stack)
-        assert served[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b": "é"}'
+        # parsed into an object: every renderer writes it as the template's tojson does
+        assert served[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1, "b": "é"}
         assert CONV[1]["tool_calls"][0]["function"]["arguments"] == '{"a":1,"b":"é"}'
     plain = [{"role": "user", "content": "hi"}]
     assert history_as_served(plain, "vllm") is None

@@ -8,8 +8,9 @@ Two dialects, chosen by `endpoint.dialect`, or (`auto`) from the base URL:
   `reasoning`. A `models` fallback list is never sent.
 * `openai` (anything else: vLLM, SGLang, other OpenAI-compatible servers): no OpenRouter-only
   fields; thinking on/off becomes `chat_template_kwargs: {"thinking": x, "enable_thinking": x}`
-  (Kimi templates read `thinking`, Qwen-style ones `enable_thinking`); history reasoning goes
-  in `reasoning_content`, the field those chat templates read.
+  (Kimi templates read `thinking`, Qwen-style ones `enable_thinking`) with
+  `[target] chat_template_kwargs` over them; history reasoning goes in both `reasoning` (what
+  vLLM reads) and `reasoning_content` (what SGLang reads).
 
 Tools always travel as the `tools` parameter, never as system text. The body never holds
 secrets: keys go in headers (the client's job).
@@ -28,6 +29,7 @@ from urllib.parse import urlparse
 from .config import DatasetConfig, RunConfig, is_openrouter_url
 from .conversation import Message, content_text, message_reasoning
 from .planner import TurnRequest
+from .render import template_switches
 
 PROTECTED = frozenset({"model", "messages", "tools"})  # `sampling.extra` cannot replace these
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")  # sent when set
@@ -101,7 +103,7 @@ def build_request(
         body["usage"] = {"include": True}
         body["transforms"] = []  # no context compression: the prompt must reach the model whole
     else:
-        body["chat_template_kwargs"] = {"thinking": s.thinking, "enable_thinking": s.thinking}
+        body["chat_template_kwargs"] = template_switches(s.thinking, cfg.target.chat_template_kwargs)
     body["stream"] = bool(cfg.endpoint.stream)
     if cfg.endpoint.stream:
         body["stream_options"] = {"include_usage": True}
@@ -183,9 +185,8 @@ def request_message(m: Message, kind: str = "openrouter") -> Message:
         if reasoning is None and calls:
             reasoning = ""  # some Kimi providers reject a tool-call turn without reasoning
         if reasoning is not None:
-            out["reasoning_content"] = reasoning
-            if kind == "openrouter":
-                out["reasoning"] = reasoning
+            # both names: OpenRouter and vLLM read `reasoning`, SGLang `reasoning_content`
+            out["reasoning_content"] = out["reasoning"] = reasoning
         if calls:
             out["tool_calls"] = [
                 {"id": c.get("id") or "", "type": "function",

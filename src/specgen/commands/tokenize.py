@@ -1,7 +1,8 @@
 """`specgen tokenize`: offline, exact tokenization of a conversation file into training samples.
 
     specgen tokenize --renderer kimi-k2.5 --tokenizer DIR IN.jsonl -o OUT.jsonl
-                     [--all-turns] [--skip-invalid] [--no-thinking] [--chat-template FILE]
+                     [--all-turns] [--skip-invalid] [--thinking | --no-thinking]
+                     [--serving STACK] [--chat-template FILE] [--chat-template-kwargs JSON]
 
 Each input line is `{"messages": [...], "tools": [...]?, "id": ...?}` (OpenAI chat format);
 each output line is `{"id"?, "input_ids": [...], "loss_mask": [...]}`. The file is streamed:
@@ -12,6 +13,7 @@ renamed into place at the end, so a failed run never leaves a half-written OUT.j
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -41,7 +43,14 @@ def add_parser(subparsers) -> None:
                         "(only for prefix-extending formats)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="report bad lines on stderr and go on (default: stop at the first)")
-    p.add_argument("--no-thinking", action="store_true", help="render with thinking off")
+    thinking = p.add_mutually_exclusive_group()
+    thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None,
+                          help="render with thinking on (thinking/enable_thinking = true)")
+    thinking.add_argument("--no-thinking", dest="thinking", action="store_false",
+                          help="render with thinking off (thinking/enable_thinking = false)")
+    p.add_argument("--chat-template-kwargs", metavar="JSON",
+                   help="template switches as a JSON object, as a server's chat_template_kwargs "
+                        "(default: none; the template's own defaults, e.g. K2.5 thinks)")
     p.add_argument("--serving", choices=("transformers", "vllm", "sglang"),
                    default="transformers",
                    help="how the serving stack renders history: transformers (default: "
@@ -83,9 +92,22 @@ def run(args: argparse.Namespace) -> int:
               "that stack re-renders earlier answers in later prompts, so one sequence cannot "
               "hold every turn as sampled", file=sys.stderr)
         return 2
+    switches = {} if args.thinking is None else {"thinking": args.thinking,
+                                                 "enable_thinking": args.thinking}
+    if args.chat_template_kwargs:
+        try:
+            extra = json.loads(args.chat_template_kwargs)
+        except ValueError as exc:
+            extra = exc
+        if not isinstance(extra, dict):
+            print(f"specgen tokenize: --chat-template-kwargs must be a JSON object, e.g. "
+                  f"'{{\"thinking\": false}}' ({extra})", file=sys.stderr)
+            return 2
+        switches.update(extra)
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        renderer = get_renderer(args.renderer, tokenizer, thinking=not args.no_thinking, **options)
+        renderer = get_renderer(args.renderer, tokenizer, thinking=args.thinking is not False,
+                                chat_template_kwargs=switches, **options)
     except (TokenizerError, RenderError) as exc:
         print(f"specgen tokenize: {exc}", file=sys.stderr)
         return 2
@@ -150,7 +172,8 @@ def tokenize_lines(
                 # the history as that stack renders it; the sampled message stays verbatim
                 last = messages[-1:] if messages[-1].get("role") == "assistant" else []
                 history = messages[: len(messages) - len(last)]
-                messages = (history_as_served(history, serving) or history) + last
+                served = history_as_served(history, serving, renderer.content_format(serving))
+                messages = (served or history) + last
             sample = make(messages, tools)
         except RenderError as exc:
             msg = f"{source}:{lineno}: {exc}"

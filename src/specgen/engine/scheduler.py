@@ -359,7 +359,9 @@ class Engine:
         try:
             # the history as the serving stack renders it (render.serving); the request body
             # still carries the messages as given: the server does this itself
-            served = history_as_served(step.messages, self.cfg.target.serving)
+            serving = self.cfg.target.serving
+            served = history_as_served(step.messages, serving,
+                                       self.renderer.content_format(serving))
             history = step.messages if served is None else served
             prompt_ids = array("I", self.renderer.prompt_ids(history, step.tools))
             if self.tokens_mode:  # the prompt travels as our ids: no template on the server

@@ -3,9 +3,12 @@
 The template comes from the tokenizer (`chat_template.jinja` or the `chat_template` key of
 `tokenizer_config.json`) and is rendered in jinja2's ImmutableSandboxedEnvironment with HF's
 settings: `trim_blocks`, `lstrip_blocks`, the `loopcontrols` extension, HF's `tojson` filter,
-`raise_exception`, `strftime_now`, and a pass-through `{% generation %}` block. Variables:
-`messages`, `tools`, `documents`, `add_generation_prompt`, the special tokens (`bos_token`,
-`eos_token`, ...), and `thinking` / `enable_thinking` from the renderer's thinking flag.
+`raise_exception`, `strftime_now`, and a pass-through `{% generation %}` block. The messages
+are handed over as transformers 5 does (`serving.template_view`: None-valued keys dropped,
+reasoning aliased). Variables: `messages`, `tools`, `documents`, `add_generation_prompt`, the
+special tokens (`bos_token`, `eos_token`, ...), and the template switches: `chat_template_kwargs`
+when given (exactly what the server gets), else `thinking` / `enable_thinking` from the
+renderer's thinking flag.
 
 The loss mask comes from the structure of the render, never from patterns in the text: the
 sampled part of an assistant message is render(context + [message]) minus the prefix
@@ -26,6 +29,7 @@ from typing import Any
 
 from ..conversation import AssistantMessage, Message, ToolCall
 from .base import Renderer, RenderError, Sample, first_difference
+from .serving import content_format, template_view
 
 # Added tokens that end an assistant turn in the common template families. A token only counts
 # when the tokenizer has it as an added/special token; the config's eos token always counts.
@@ -99,9 +103,12 @@ class HFRenderer(Renderer):
 
     name: str = field(default="hf", init=False)
     template: str | None = None
-    # vLLM hands templates tool-call arguments parsed into objects (HF's convention); False
-    # keeps the raw strings.
-    parse_tool_arguments: bool = True
+    # The template switches exactly as the server gets them (`chat_template_kwargs`); None:
+    # `thinking` and `enable_thinking` from the thinking flag.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Hand the template tool-call arguments parsed into objects (what vLLM/SGLang do; in a run
+    # `[target] serving` does this for the whole history, render.serving). False: as given.
+    parse_tool_arguments: bool = False
 
     def __post_init__(self) -> None:
         source = self.template if self.template is not None else self.tokenizer.chat_template
@@ -118,13 +125,15 @@ class HFRenderer(Renderer):
         import jinja2
 
         variables = dict(self._special_variables)
+        if self.chat_template_kwargs is None:
+            variables.update(thinking=self.thinking, enable_thinking=self.thinking)
+        else:
+            variables.update(self.chat_template_kwargs)
         variables.update(
-            messages=[self._template_message(m) for m in messages],
+            messages=template_view([self._template_message(m) for m in messages]),
             tools=list(tools) if tools else None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            thinking=self.thinking,
-            enable_thinking=self.thinking,
         )
         try:
             return self._compiled.render(**variables)
@@ -132,6 +141,9 @@ class HFRenderer(Renderer):
             raise RenderError(f"chat template raised: {exc}") from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             raise RenderError(f"chat template failed on this conversation: {exc!r}") from None
+
+    def content_format(self, serving: str) -> str:
+        return content_format(serving, self.template)
 
     def completion_text(self, message, *, context=None, tools=None) -> str:
         """What the model samples for `message` after `context` (default: one empty user
@@ -142,7 +154,8 @@ class HFRenderer(Renderer):
     def sample(self, messages, tools=None) -> Sample:
         if messages and messages[-1].get("role") == "assistant":
             prompt, completion = self._split(list(messages[:-1]), messages[-1], tools)
-            return Sample.from_parts(self.tokenizer.encode(prompt), self.tokenizer.encode(completion))
+            return Sample.from_parts(self.tokenizer.encode(prompt),
+                                     self.tokenizer.encode_after(prompt, completion))
         return Sample.from_parts(self.prompt_ids(messages, tools), [])
 
     def _split(self, context: list[Message], message: Message, tools) -> tuple[str, str]:
@@ -165,14 +178,9 @@ class HFRenderer(Renderer):
     def _template_message(self, m: Message) -> Message:
         if not isinstance(m, dict):
             raise RenderError(f"a message must be an object, not {type(m).__name__}")
-        if m.get("role") != "assistant":
+        if m.get("role") != "assistant" or not self.parse_tool_arguments or not m.get("tool_calls"):
             return m
-        out = dict(m)
-        if "reasoning_content" not in out and isinstance(out.get("reasoning"), str):
-            out["reasoning_content"] = out["reasoning"]  # templates read reasoning_content
-        if self.parse_tool_arguments and out.get("tool_calls"):
-            out["tool_calls"] = [_parsed_arguments(c) for c in out["tool_calls"]]
-        return out
+        return {**m, "tool_calls": [_parsed_arguments(c) for c in m["tool_calls"]]}
 
     # -- tokens -----------------------------------------------------------------------------
     @cached_property
