@@ -44,6 +44,9 @@ class TargetConfig:
     # The stack that serves the target, for how it renders history (specgen.render.serving):
     # "auto" = vllm for local engines (resolved at start), transformers otherwise.
     serving: Literal["auto", "transformers", "vllm", "sglang"] = "auto"
+    # Template switches sent as `chat_template_kwargs` (vLLM/SGLang; over the `thinking` /
+    # `enable_thinking` that [sampling] reasoning sets) and handed to the renderer the same way.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -225,7 +228,8 @@ class RunConfig:
         data = self.to_json()
         sampling = {k: v for k, v in data["sampling"].items() if k != "max_tokens"}
         target = {k: v for k, v in data["target"].items() if k != "tokenizer"
-                  and not (k == "serving" and v == "auto")}  # runs made before the key
+                  and not (k == "serving" and v == "auto")  # runs made before the keys
+                  and not (k == "chat_template_kwargs" and not v)}
         return _hash({"target": target, "sampling": sampling})
 
     def dataset_result_hash(self, ds: DatasetConfig) -> str:
@@ -371,6 +375,10 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     )
     _validate_target(cfg, base, where)
     _validate_endpoint(cfg.endpoint, where)
+    if cfg.target.chat_template_kwargs and openrouter_dialect(cfg.endpoint):
+        raise ConfigError(f"{where}: target.chat_template_kwargs is sent only to vLLM/SGLang-"
+                          "style servers (dialect openai); OpenRouter and the simulator take "
+                          "[sampling] reasoning instead")
     _validate_sampling(cfg.sampling, where)
     _validate_numbers(cfg, where)
     if cfg.sim.config is not None:
@@ -414,7 +422,7 @@ SECRET_HEADERS = {"authorization", "x-api-key", "api-key", "proxy-authorization"
 
 
 def _validate_target(cfg: RunConfig, base: Path, where: str) -> None:
-    from .render import RENDERERS
+    from .render import RENDERERS, RESERVED_TEMPLATE_KEYS
 
     if not cfg.target.model.strip():
         raise ConfigError(f"{where}: target.model must not be empty")
@@ -425,6 +433,14 @@ def _validate_target(cfg: RunConfig, base: Path, where: str) -> None:
             f"{where}: target.renderer {cfg.target.renderer!r} is unknown "
             f"(known: {', '.join(sorted(RENDERERS))})"
         )
+    kwargs = cfg.target.chat_template_kwargs
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{where}: target.chat_template_kwargs must be a table of template "
+                          f"switches, e.g. {{ thinking = false }}, not {type(kwargs).__name__}")
+    reserved = sorted(RESERVED_TEMPLATE_KEYS & set(kwargs))
+    if reserved:
+        raise ConfigError(f"{where}: target.chat_template_kwargs cannot set {', '.join(reserved)} "
+                          "(the server sets them from the request)")
     tok = cfg.target.tokenizer
     if tok != "demo" and not _looks_remote(tok):
         resolved = _resolve(base, tok)
@@ -434,6 +450,12 @@ def _validate_target(cfg: RunConfig, base: Path, where: str) -> None:
                 "(a model dir, a hub id 'owner/name', or \"demo\")"
             )
         cfg.target.tokenizer = str(resolved)
+
+
+def openrouter_dialect(ep: EndpointConfig) -> bool:
+    """Whether requests certainly go out in the openrouter dialect (by setting or URL)."""
+    return ep.dialect == "openrouter" or (ep.dialect == "auto" and (
+        ep.is_sim or any(is_openrouter_url(u) for u in ep.base_url)))
 
 
 def is_openrouter_url(base_url: str) -> bool:

@@ -195,7 +195,7 @@ class VerifyReport:
 
 def run_tokenizer_and_renderer(meta: dict[str, str], tokenizer: str | None = None):
     """The run's tokenizer and renderer from its meta (or `tokenizer` overriding the path)."""
-    from .render import RenderError, get_renderer
+    from .render import RenderError, get_renderer, template_switches
     from .tokenizer import TokenizerError, load_tokenizer
 
     try:
@@ -218,7 +218,10 @@ def run_tokenizer_and_renderer(meta: dict[str, str], tokenizer: str | None = Non
     if not name:
         raise VerifyError("the run's meta names no renderer")
     try:
-        return tok, get_renderer(name, tok, thinking=parse_flag(meta.get("thinking"), True))
+        thinking = parse_flag(meta.get("thinking"), True)
+        switches = template_switches(
+            thinking, (config.get("target") or {}).get("chat_template_kwargs") or {})
+        return tok, get_renderer(name, tok, thinking=thinking, chat_template_kwargs=switches)
     except RenderError as exc:
         raise VerifyError(str(exc)) from None
 

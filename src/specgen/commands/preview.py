@@ -54,7 +54,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError, load_config
     from ..preview import DEFAULT_SCAN, preview
-    from ..render import RenderError, get_renderer
+    from ..render import RenderError, target_renderer
     from ..tokenizer import TokenizerError, load_tokenizer
 
     if args.n < 0:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         tokenizer = load_tokenizer(cfg.target.tokenizer)
-        renderer = get_renderer(cfg.target.renderer, tokenizer, thinking=cfg.sampling.thinking)
+        renderer = target_renderer(cfg, tokenizer)
     except (ConfigError, TokenizerError, RenderError) as exc:
         print(f"specgen preview: {exc}", file=sys.stderr)
         return 2

@@ -127,7 +127,7 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
 
 
 def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
-    from ..render import get_renderer
+    from ..render import target_renderer
     from ..tokenizer import load_tokenizer
 
     key_env = cfg.endpoint.api_key_env
@@ -141,7 +141,7 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
         log.warning("dataset %r: %s has no rows; nothing will be sent for it", ds.name, ds.path)
     try:
         tokenizer = load_tokenizer(cfg.target.tokenizer)
-        renderer = get_renderer(cfg.target.renderer, tokenizer, thinking=cfg.sampling.thinking)
+        renderer = target_renderer(cfg, tokenizer)
     except Exception as exc:  # noqa: BLE001 - tokenizer/renderer errors name their cause
         raise RunError(f"cannot load the tokenizer/renderer: {exc}") from None
     shard_s = str(shard) if shard else ""
@@ -218,6 +218,10 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
             _resolve_local_defaults(cfg, policy)
+            if cfg.target.chat_template_kwargs and _dialect_url(cfg, policy) == OPENROUTER_URL:
+                raise RunError("target.chat_template_kwargs is sent only to vLLM/SGLang-style "
+                               "servers, but this endpoint lists providers (the openrouter "
+                               "dialect); set [endpoint] dialect = \"openai\" or drop the key")
             store.set_meta("prices", orjson.dumps(prices.to_json()).decode())
             if cfg.budget.max_cost_usd is not None and not prices.known:
                 log.warning("no prices known (set [budget] prompt_price_per_m and "
