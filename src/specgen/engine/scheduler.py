@@ -334,7 +334,8 @@ class Engine:
         """Ask the planner for the conversation's next request; queue it or close the
         conversation. `known_tasks` (resume): {turn: (id, status, attempts, error)}."""
         try:
-            step = self.stages.next_request(c.conv, c.answers, c.ds.cfg.turns)
+            step = self.stages.next_request(c.conv, c.answers, c.ds.cfg.turns,
+                                            tool_results=c.ds.cfg.tool_results)
         except Exception as exc:  # noqa: BLE001 - a planner bug must not kill the run
             log.exception("planner failed on conversation %s", c.conv.id)
             self._close(c, "failed", f"planner_error: {exc}")
