@@ -182,6 +182,13 @@ def _replies(pairing: Pairing, expected: Sequence[ToolCall],
     return out
 
 
+def weakest_match(kinds: Sequence[str]) -> str | None:
+    """The least trusted of a sample's tool-result matches (exact < name < position), None
+    when it reused none: what a filter on the sample needs."""
+    ranked = [MATCH_KINDS.index(k) for k in kinds if k in MATCH_KINDS]
+    return MATCH_KINDS[max(ranked)] if ranked else None
+
+
 def planned_turns(conv: Conversation, turns: str) -> list[int]:
     """Original indices that would be requested if every answer matched the dataset."""
     return sorted(_chosen_turn_indices(conv.messages, turns))
