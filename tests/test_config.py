@@ -189,3 +189,33 @@ def test_native_tool_ids_is_a_result_key(tmp_path):
     assert a.datasets[0].native_tool_ids is None and off.datasets[0].native_tool_ids is False
     assert off.dataset_result_hash(off.datasets[0]) != a.dataset_result_hash(a.datasets[0])
     assert "native_tool_ids" in error_of(tmp_path, BASE + 'native_tool_ids = "yes"\n')
+
+
+def test_tool_results_is_a_result_key_whose_default_keeps_old_runs(tmp_path):
+    from specgen.planner import DEFAULT_TOOL_RESULTS
+
+    a = cfg_of(tmp_path)
+    assert a.datasets[0].tool_results == DEFAULT_TOOL_RESULTS == "name"
+    named = cfg_of(tmp_path, BASE + 'tool_results = "name"\n')
+    assert named.dataset_result_hash(named.datasets[0]) == a.dataset_result_hash(a.datasets[0])
+    # the hash of a run made before the key (no tool_results in it) is the default's
+    import orjson
+
+    from specgen.config import RESULT_DATASET_KEYS, _hash
+
+    d = orjson.loads(orjson.dumps(a.to_json()))["datasets"][0]
+    legacy = {k: d[k] for k in RESULT_DATASET_KEYS if k != "tool_results"}
+    legacy["path"], legacy["max_tokens"] = "data.jsonl", a.max_tokens_for(a.datasets[0])
+    assert _hash(legacy) == a.dataset_result_hash(a.datasets[0])
+    hashes = {a.dataset_result_hash(a.datasets[0])}
+    for policy in ("strict", "position"):
+        c = cfg_of(tmp_path, BASE + f'tool_results = "{policy}"\n')
+        hashes.add(c.dataset_result_hash(c.datasets[0]))
+    assert len(hashes) == 3
+
+
+def test_bad_tool_results_names_the_dataset_and_key(tmp_path):
+    msg = error_of(tmp_path, BASE + 'tool_results = "names"\n')
+    assert "dataset[0] ('a')" in msg and "tool_results must be one of 'strict', 'name', " \
+        "'position', not 'names'" in msg
+    assert "'dataset[0].tool_results' must be str" in error_of(tmp_path, BASE + "tool_results = 1\n")

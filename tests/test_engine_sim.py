@@ -426,6 +426,11 @@ def test_config_change_is_refused_unless_force_new(tmp_path, clean_sim):
                         endpoint="concurrency = 3\nmax_attempts = 9",
                         extra="[budget]\nmax_cost_usd = 5.0")
     go(path)
+    # the tool-result policy changes what is sent: a resume under another one is refused
+    strict = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl",
+                                                     "tool_results": "strict"}])
+    with pytest.raises(RunError, match="dataset 'a': tool_results: 'name' -> 'strict'"):
+        go(strict)
     path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl",
                                                    "max_tokens": 77}],
                         sampling="max_tokens = 4096\ntemperature = 0.5")

@@ -98,7 +98,9 @@ def test_token_mode_samples_are_the_servers_own_ids(tmp_path, api, stream):
     write_jsonl(tmp_path / "t.jsonl", tool_rows(10))
     cfg, outcome, stats = run_tokens(tmp_path, [
         {"name": "p", "path": "p.jsonl"}, {"name": "m", "path": "m.jsonl", "turns": "all"},
-        {"name": "t", "path": "t.jsonl", "turns": "first"}], api=api, stream=stream)
+        # strict: the model's calls never equal the recorded ones, so one sample per row
+        {"name": "t", "path": "t.jsonl", "turns": "first", "tool_results": "strict"}],
+        api=api, stream=stream)
     assert outcome.state == "finished" and outcome.exit_code == 0, outcome
     rows = results(cfg.run_dir)
     assert len(rows) == 10 + 16 + 10
@@ -117,8 +119,8 @@ def test_a_tool_loop_runs_on_in_token_mode(tmp_path):
     run on-policy meets the same calls, so the loop goes on with the recorded results and the
     next request's history is the call parsed from the sampled ids."""
     write_jsonl(tmp_path / "t.jsonl", tool_rows(12))
-    cfg, outcome, _ = run_tokens(tmp_path, [{"name": "t", "path": "t.jsonl",
-                                             "turns": "first"}], name="first")
+    cfg, outcome, _ = run_tokens(tmp_path, [{"name": "t", "path": "t.jsonl", "turns": "first",
+                                             "tool_results": "strict"}], name="first")
     rows = []
     for r in results(cfg.run_dir):
         calls = RENDERER.parse_completion(r.true_completion_ids).tool_calls

@@ -50,8 +50,10 @@ def run(tmp_path, kind: str, n: int, *, true_ids: bool | None, quality: str = ""
         write_jsonl(tmp_path / "t.jsonl", rows(n))
         if true_ids is not None:
             endpoint = f"return_token_ids = {str(true_ids).lower()}\n{endpoint}"
+        # strict: the model's calls never equal the recorded ones, so one sample per row
         path = write_config(tmp_path, sim.url,
-                            [{"name": "t", "path": "t.jsonl", "turns": turns}],
+                            [{"name": "t", "path": "t.jsonl", "turns": turns,
+                              "tool_results": "strict"}],
                             endpoint=endpoint, extra=quality, name=name)
         cfg, outcome = go(path)
     finally:
@@ -156,7 +158,8 @@ def test_a_resumed_run_keeps_the_learned_offsets(tmp_path):
     sim = SimProcess(tmp_path, SIM.format(provider=PROVIDERS["offset"]), name="offset2")
     try:
         path = write_config(tmp_path, sim.url,
-                            [{"name": "t", "path": "t.jsonl", "turns": "first"}],
+                            [{"name": "t", "path": "t.jsonl", "turns": "first",
+                              "tool_results": "strict"}],
                             endpoint="return_token_ids = false")
         cfg, outcome = go(path)
     finally:

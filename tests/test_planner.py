@@ -6,8 +6,10 @@ import pytest
 
 from specgen.conversation import AssistantMessage, Conversation, ToolCall
 from specgen.planner import (
-    NO_TOOL_RESULT,
-    TOOL_MISMATCH,
+    NO_RECORDED_RESULT,
+    TOOL_ARGUMENTS_MISMATCH,
+    TOOL_COUNT_MISMATCH,
+    TOOL_NAME_MISMATCH,
     End,
     TurnRequest,
     next_request,
@@ -31,12 +33,12 @@ def chat() -> Conversation:
     ])
 
 
-def run(conv, turns, answer_for):
+def run(conv, turns, answer_for, tool_results="name"):
     """Drive the planner to its end; answer_for(turn, request) gives each answer."""
     answers: dict[int, AssistantMessage] = {}
     requests = []
     while True:
-        step = next_request(conv, answers, turns)
+        step = next_request(conv, answers, turns, tool_results)
         if isinstance(step, End):
             return requests, step
         assert step.turn not in answers
@@ -172,24 +174,116 @@ def test_first_stops_after_the_first_loop():
     assert [r.turn for r in reqs] == [1, 3] and end == End(None)
 
 
-@pytest.mark.parametrize("made", [
-    [call("get_time", '{"city": "Paris"}', 0)],  # other function
-    [call("get_weather", '{"city": "Lyon"}', 0)],  # other arguments
-    [call("get_weather", '{"city": "Paris", "unit": "c"}', 0)],  # extra argument
-    [call("get_weather", '{"city": "Paris"}', 0), call("get_weather", '{"city": "Paris"}', 1)],
-    [],  # answered where the dataset called a tool
-])
-def test_tool_mismatch_ends_the_conversation_keeping_the_answer(made):
+@pytest.mark.parametrize("tool_results", ["strict", "name", "position"])
+def test_tool_loop_all_matches_exactly_under_every_policy(tool_results):
+    reqs, end = run(tool_conv(), "all", model_following_the_dataset, tool_results)
+    assert [r.turn for r in reqs] == [1, 3, 5, 8] and end == End(None)
+    assert [r.tool_matches for r in reqs] == [(), ("exact",), ("exact",),
+                                               ("exact", "exact", "exact")]
+
+
+# (the model's calls at turn 1, end reason under strict / name / position; None: continues)
+SINGLE_CALL_CASES = [
+    ([call("get_time", '{"city": "Paris"}', 0)],  # other function
+     (TOOL_NAME_MISMATCH, TOOL_NAME_MISMATCH, None)),
+    ([call("get_weather", '{"city": "Lyon"}', 0)],  # other argument value
+     (TOOL_ARGUMENTS_MISMATCH, None, None)),
+    ([call("get_weather", '{"city": "Paris", "unit": "c"}', 0)],  # extra optional field
+     (TOOL_ARGUMENTS_MISMATCH, None, None)),
+    ([call("get_weather", '{"city": "Paris"}', 0), call("get_weather", '{"city": "Paris"}', 1)],
+     (TOOL_COUNT_MISMATCH,) * 3),  # more calls than recorded
+    ([], (TOOL_COUNT_MISMATCH,) * 3),  # answered where the dataset called a tool
+]
+
+
+@pytest.mark.parametrize("made,reasons", SINGLE_CALL_CASES)
+@pytest.mark.parametrize("policy", [0, 1, 2])
+def test_single_call_against_the_recorded_call(made, reasons, policy):
+    tool_results = ("strict", "name", "position")[policy]
     conv = tool_conv()
     answers = {1: AssistantMessage(content="" if made else "no tools", tool_calls=tuple(made))}
-    assert next_request(conv, answers, "all") == End(TOOL_MISMATCH)
+    step = next_request(conv, answers, "all", tool_results)
+    if reasons[policy] is not None:
+        assert step == End(reasons[policy])
+        return
+    kind = "position" if made[0].name != "get_weather" else "name"
+    assert step.turn == 3 and step.tool_matches == (kind,)
+    # the recorded result, under the model's id, after the model's own call
+    assert step.messages[1]["tool_calls"][0]["function"]["arguments"] == made[0].arguments
+    assert step.messages[2] == {"role": "tool", "tool_call_id": made[0].id, "content": "21C"}
 
 
-def test_calling_a_tool_where_the_dataset_answered_is_a_mismatch():
+def parallel_answers(*calls):
+    """Answers of tool_conv under "all" up to turn 5, which makes `calls`."""
+    return {1: model_following_the_dataset(1, None), 3: AssistantMessage(content="fine"),
+            5: AssistantMessage(content="", tool_calls=tuple(calls))}
+
+
+def test_parallel_calls_by_name_take_the_results_of_their_names():
+    made = (call("get_time", '{"city": "Roma"}', 1), call("get_weather", '{"city": "Roma"}', 2))
+    step = next_request(tool_conv(), parallel_answers(*made), "all", "name")
+    assert step.turn == 8 and step.tool_matches == ("exact", "name", "name")
+    assert [(m["tool_call_id"], m["content"]) for m in step.messages[-2:]] == [
+        ("functions.get_time:1", "14:05"), ("functions.get_weather:2", "27C")]
+    assert next_request(tool_conv(), parallel_answers(*made), "all", "strict") == End(
+        TOOL_ARGUMENTS_MISMATCH)
+
+
+def test_parallel_calls_with_another_count_end_under_every_policy():
+    made = (call("get_weather", '{"city": "Rome"}', 1),)
+    for policy in ("strict", "name", "position"):
+        assert next_request(tool_conv(), parallel_answers(*made), "all", policy) == End(
+            TOOL_COUNT_MISMATCH)
+
+
+def test_an_unknown_function_ends_by_name_and_pairs_by_position():
+    made = (call("get_weather", '{"city": "Rome"}', 1), call("get_news", '{"q": "x"}', 2))
+    assert next_request(tool_conv(), parallel_answers(*made), "all", "name") == End(
+        TOOL_NAME_MISMATCH)
+    step = next_request(tool_conv(), parallel_answers(*made), "all", "position")
+    assert step.tool_matches == ("exact", "exact", "position")
+    assert [(m["tool_call_id"], m["content"]) for m in step.messages[-2:]] == [
+        ("functions.get_weather:1", "27C"), ("functions.get_news:2", "14:05")]
+
+
+def test_position_pairs_what_is_left_in_order_after_exact_and_name():
+    # recorded: weather(Rome) -> 27C, time(Rome) -> 14:05; the model: news, time, in that order
+    made = (call("get_news", "{}", 1), call("get_time", '{"city": "Oslo"}', 2))
+    step = next_request(tool_conv(), parallel_answers(*made), "all", "position")
+    assert step.tool_matches == ("exact", "position", "name")  # in the model's call order
+    assert [(m["tool_call_id"], m["content"]) for m in step.messages[-2:]] == [
+        ("functions.get_news:1", "27C"), ("functions.get_time:2", "14:05")]
+
+
+def test_exact_matches_are_preferred_over_name_matches():
+    row = {"messages": [
+        {"role": "user", "content": "weather in Rome and Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+            {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": "rome: 27C"}, {"role": "tool", "content": "paris: 21C"},
+        {"role": "assistant", "content": "ok"}], "tools": TOOLS}
+    conv = row_to_conversation(row, "openai")
+    # the first call would take Rome's result by name; the exact pass gives it Paris's
+    made = (call("get_weather", '{"city":"Paris"}', 0), call("get_weather", '{"city": "Milan"}', 1))
+    for policy in ("name", "position"):
+        step = next_request(conv, {1: AssistantMessage(content="", tool_calls=made)}, "all",
+                            policy)
+        assert step.tool_matches == ("exact", "name")
+        assert [m["content"] for m in step.messages[2:]] == ["paris: 21C", "rome: 27C"]
+
+
+def test_calling_a_tool_where_the_dataset_answered_is_a_count_mismatch():
     conv = tool_conv()
     answers = {1: model_following_the_dataset(1, None),
                3: AssistantMessage(content="", tool_calls=(call("get_time", "{}", 1),))}
-    assert next_request(conv, answers, "all") == End(TOOL_MISMATCH)
+    for policy in ("strict", "name", "position"):
+        assert next_request(conv, answers, "all", policy) == End(TOOL_COUNT_MISMATCH)
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError, match="tool_results must be one of"):
+        next_request(tool_conv(), {}, "all", "loose")
 
 
 def test_repeated_identical_calls_match_as_a_multiset():
@@ -215,7 +309,7 @@ def test_repeated_identical_calls_match_as_a_multiset():
 def test_tool_call_on_a_prompt_only_row_ends_without_a_result():
     conv = Conversation(id="p", messages=[{"role": "user", "content": "q"}], tools=TOOLS)
     answers = {1: AssistantMessage(content="", tool_calls=(call("get_time", "{}", 0),))}
-    assert next_request(conv, answers, "last") == End(NO_TOOL_RESULT)
+    assert next_request(conv, answers, "last") == End(NO_RECORDED_RESULT)
 
 
 def test_dataset_ending_with_a_tool_result_has_an_open_turn():
@@ -237,7 +331,7 @@ def test_dataset_call_without_recorded_result():
             {"id": "functions.get_time:0", "type": "function",
              "function": {"name": "get_time", "arguments": "{}"}}]}])
     answers = {1: AssistantMessage(content="", tool_calls=(call("get_time", "{}", 0),))}
-    assert next_request(conv, answers, "all") == End(NO_TOOL_RESULT)
+    assert next_request(conv, answers, "all") == End(NO_RECORDED_RESULT)
 
 
 def test_glaive_row_plans_native_tool_calls():

@@ -44,6 +44,7 @@ def test_defaults_and_example_config_are_valid():
     ('[[providers]]\nname = "A"\nlatency_s = "slow"', "latency_s"),
     ('text_mode = "fancy"', "text_mode"),
     ("[length]\nmin = 10\nmax = 5", "min <= max"),
+    ("[tool_calls]\nrate_after_result = 2", "tool_calls.rate_after_result"),
 ])
 def test_config_errors_name_the_key(tmp_path, text, needle):
     path = tmp_path / "bad.toml"
@@ -88,6 +89,34 @@ def test_raw_mode_resegments_at_the_configured_rate():
         assert non_canonical == (gen.resegmented > 0)
         bad += non_canonical
     assert 0.18 < bad / n < 0.32
+
+
+def test_tool_call_rate_after_results_and_parallel_share():
+    from specgen.sim.chat_request import parse_chat_request
+    from specgen.sim.config import ToolCallConfig
+
+    tok = load_tokenizer("demo")
+    rng = random.Random(3)
+
+    def calls(model, after, n=60):
+        return [model.generate(GenRequest(messages=[], tools=TOOLS, thinking=False,
+                                          after_tool_result=after), rng).tool_calls
+                for _ in range(n)]
+
+    asked = ToolCallConfig(rate=1.0, rate_after_result=0.0, max_parallel=3, parallel_rate=0.0)
+    model, _ = _model(tok, tool_calls=asked)
+    assert set(calls(model, after=False)) == {1} and set(calls(model, after=True)) == {0}
+    model, _ = _model(tok, tool_calls=ToolCallConfig(rate=1.0, max_parallel=3, parallel_rate=1.0))
+    assert set(calls(model, after=True)) == {2, 3}  # unset: `rate` after results too
+    body = {"model": "moonshotai/kimi-k2.5", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "functions.find:0", "type": "function",
+             "function": {"name": "find", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "functions.find:0", "content": "r"}]}
+    assert parse_chat_request(body, SimConfig()).after_tool_result
+    assert not parse_chat_request({**body, "messages": body["messages"][:1]},
+                                  SimConfig()).after_tool_result
 
 
 def test_resegment_keeps_the_bytes():

@@ -14,6 +14,7 @@ from specgen.store import (
     Batch,
     Store,
     StoreError,
+    encode_tool_matches,
     pack_ids,
     pack_json,
     unpack_ids,
@@ -32,7 +33,7 @@ def result_row(task: int, conv: int, ds: str = "a", turn: int = 1, ids=(1, 2, 3,
     return (task, conv, ds, turn, "p1", "m", "stop", "stop",
             pack_json({"messages": [{"role": "user", "content": "q"}], "tools": None}),
             orjson.dumps({"role": "assistant", "content": "a"}).decode(), pack_ids(ids),
-            n_prompt, None, None, 10, 5, 0, 0.01, "[]", 0.5, time.time(), "exact")
+            n_prompt, None, None, 10, 5, 0, 0.01, "[]", 0.5, time.time(), "exact", None)
 
 
 def attempt_row(task: int, ds: str = "a", outcome: str = "ok", cost: float | None = 0.01,
@@ -185,3 +186,32 @@ def test_totals_follow_every_attempt_insert_and_are_rebuilt_for_old_stores(tmp_p
     again = Store.create(tmp_path)
     assert again.conn.execute("SELECT SUM(attempts) FROM totals").fetchone()[0] == 3
     assert again.spend() == ro.spend()
+
+
+def test_tool_matches_are_stored_and_old_stores_stay_readable(tmp_path):
+    from specgen.engine.status import run_status
+
+    store = seeded(tmp_path)
+    b = Batch()
+    b.conversations.append(conv_row(4, row=3))
+    b.tasks[4] = (4, 4, "a", 3, "done", 1, None)
+    b.conv_status[4] = ("ended", "tool_name_mismatch")
+    b.attempts.append(attempt_row(4))
+    b.results.append((*result_row(4, 4, turn=3)[:-1], encode_tool_matches(["exact", "name"])))
+    store.write(b)
+    rows = {r.task: r.tool_matches for r in store.iter_results()}
+    assert rows == {1: [], 4: ["exact", "name"]}
+    assert store.conn.execute("SELECT tool_matches FROM results WHERE task=1").fetchone() == (None,)
+    st = run_status(tmp_path)["datasets"]["a"]
+    assert st["tool_matches"] == {"name": 1}  # a sample counts under its weakest match
+    assert st["end_reasons"] == {"failed:server": 1, "tool_name_mismatch": 1}
+    assert st["turns_per_conversation"] == {"1": 2}
+    # a store made before the column: read-only readers see no matches, a writer adds it
+    store.conn.execute("ALTER TABLE results DROP COLUMN tool_matches")
+    store.close()
+    with Store.open(tmp_path) as ro:
+        assert {r.task: r.tool_matches for r in ro.iter_results()} == {1: [], 4: []}
+    assert run_status(tmp_path)["datasets"]["a"]["tool_matches"] == {}
+    with Store.create(tmp_path) as again:
+        cols = {row[1] for row in again.conn.execute("PRAGMA table_info(results)")}
+        assert "tool_matches" in cols

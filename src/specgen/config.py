@@ -152,6 +152,9 @@ class DatasetConfig:
     # Rewrite tool-call ids to the model's native form (functions.{name}:{k}); None = on for
     # the Kimi renderers (see specgen.sources.toolids).
     native_tool_ids: bool | None = None
+    # How recorded tool results are reused after the model's own calls: "strict", "name"
+    # or "position" (specgen.planner, docs/datasets.md "Tool loops").
+    tool_results: str = "name"
     # The path as the config wrote it: what the result hash uses, so shards of one config run
     # from different directories or machines hash alike (and merge).
     path_as_written: str | None = field(default=None, init=False)
@@ -234,12 +237,14 @@ class RunConfig:
 
     def dataset_result_hash(self, ds: DatasetConfig) -> str:
         """Hash of one dataset's settings that change its results (source, format, turns,
-        effective max_tokens, on_length, split)."""
+        effective max_tokens, on_length, split, native_tool_ids, tool_results)."""
         d = _jsonable(dataclasses.asdict(ds))
         keep = {k: d[k] for k in RESULT_DATASET_KEYS}
         if ds.path_as_written is not None:
             keep["path"] = ds.path_as_written
         keep["max_tokens"] = self.max_tokens_for(ds)
+        if keep["tool_results"] == "name":
+            del keep["tool_results"]  # the default: runs made before the key still resume
         return _hash(keep)
 
     def result_hash(self) -> str:
@@ -252,7 +257,7 @@ class RunConfig:
 
 
 RESULT_DATASET_KEYS = ("path", "format", "max_tokens", "turns", "on_length", "split",
-                       "native_tool_ids")
+                       "native_tool_ids", "tool_results")
 
 
 def _hash(obj: Any) -> str:
@@ -407,6 +412,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
             raise ConfigError(f"{label}: turns must be 'last', 'all' or 'first', not {ds.turns!r}")
         if ds.on_length not in ("drop", "keep"):
             raise ConfigError(f"{label}: on_length must be 'drop' or 'keep', not {ds.on_length!r}")
+        _check_tool_results(ds.tool_results, label)
         for key in ("max_tokens", "token_budget", "limit"):
             value = getattr(ds, key)
             if value is not None and value < (0 if key != "max_tokens" else 1):
@@ -414,6 +420,14 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         if ds.weight is not None and not ds.weight > 0:
             raise ConfigError(f"{label}: weight must be > 0, got {ds.weight}")
     return cfg
+
+
+def _check_tool_results(value: str, label: str) -> None:
+    from .planner import TOOL_RESULT_POLICIES
+
+    if value not in TOOL_RESULT_POLICIES:
+        raise ConfigError(f"{label}: tool_results must be one of "
+                          f"{', '.join(map(repr, TOOL_RESULT_POLICIES))}, not {value!r}")
 
 
 TOP_LEVEL_KEYS = {"run_dir", "target", "endpoint", "sampling", "budget", "engine", "sim",

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from .client.tokens import token_url
 from .config import DatasetConfig, RunConfig
 from .conversation import AssistantMessage, Conversation
-from .planner import End, TurnRequest, next_request
+from .planner import DEFAULT_TOOL_RESULTS, End, TurnRequest, next_request
 from .render.base import Renderer, RenderError
 from .request import build_request, build_token_request, request_dialect
 from .sources import Row, SourceError, count_rows, detect_dataset_format, iter_rows
@@ -222,7 +222,7 @@ def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: Dataset
                 f"conversation {conv.id}: the system text looks like it holds tool definitions, "
                 "but no tools were found; they would reach the model as plain text, not as "
                 "the tools parameter (format = \"glaive\"? or give the row a `tools` field)")
-    for req in planned_requests(conv, ds.turns):
+    for req in planned_requests(conv, ds.turns, ds.tool_results):
         try:
             ids = renderer.prompt_ids(req.messages, req.tools)
         except RenderError:
@@ -235,12 +235,13 @@ def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: Dataset
             p.samples.append(_sample(cfg, ds, renderer, conv, row.index, req, ids))
 
 
-def planned_requests(conv: Conversation, turns: str) -> list[TurnRequest]:
+def planned_requests(conv: Conversation, turns: str,
+                     tool_results: str = DEFAULT_TOOL_RESULTS) -> list[TurnRequest]:
     """The requests a run would make if the model answered as the dataset did."""
     answers: dict[int, AssistantMessage] = {}
     out: list[TurnRequest] = []
     while True:
-        step = next_request(conv, answers, turns)
+        step = next_request(conv, answers, turns, tool_results)
         if isinstance(step, End):
             return out
         out.append(step)

@@ -62,11 +62,15 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def print_summary(status: dict, state: str, reason: str, config: str | None = None) -> None:
+    from ..engine.status import conversation_lines
+
     print(f"run {state}: {reason}")
     for name, d in status["datasets"].items():
         print(f"  {name} [{d['state']}]: {d['done']} done, {d['failed']} failed, "
               f"{d['quarantined']} quarantined, {d['pending']} pending; "
               f"{d['completion_tokens']:,} completion tokens, ${d['cost_usd']:.4f}")
+        for line in conversation_lines(d):
+            print(f"    {line}")
     import os
 
     run_dir = os.path.normpath(status["run_dir"])

@@ -79,6 +79,12 @@ def print_status(s: dict) -> None:
                   f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
                   f"{d['cost_usd']:.4f}")
     console.print(t)
+    from ..engine.status import conversation_lines
+
+    for name, d in s["datasets"].items():
+        lines = conversation_lines(d)
+        if lines:
+            console.print(f"  {name}: " + "; ".join(lines), markup=False, highlight=False)
     for kind, f in (s.get("failures") or {}).items():
         console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
     if s["providers"]:

@@ -31,7 +31,7 @@ from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
 from ..render.serving import history_as_served, reserialized_history
 from ..request import with_max_tokens
-from ..store import Store, pack_ids, pack_json, unpack_json
+from ..store import Store, encode_tool_matches, pack_ids, pack_json, unpack_json
 from .budget import Budget
 from .concurrency import AdaptiveLimit
 from .control import clear_control, read_control
@@ -334,7 +334,8 @@ class Engine:
         """Ask the planner for the conversation's next request; queue it or close the
         conversation. `known_tasks` (resume): {turn: (id, status, attempts, error)}."""
         try:
-            step = self.stages.next_request(c.conv, c.answers, c.ds.cfg.turns)
+            step = self.stages.next_request(c.conv, c.answers, c.ds.cfg.turns,
+                                            tool_results=c.ds.cfg.tool_results)
         except Exception as exc:  # noqa: BLE001 - a planner bug must not kill the run
             log.exception("planner failed on conversation %s", c.conv.id)
             self._close(c, "failed", f"planner_error: {exc}")
@@ -385,7 +386,7 @@ class Engine:
             c.ds.bump("pending")
         job = Job(task_id=task_id, conv=c, turn=step.turn, messages=list(history),
                   tools=step.tools, body=body, prompt_ids=prompt_ids, attempts=attempts,
-                  max_tokens=c.ds.max_tokens)
+                  max_tokens=c.ds.max_tokens, tool_matches=step.tool_matches)
         c.ds.ready.append(job)
 
     def _new_task_id(self) -> int:
@@ -883,7 +884,8 @@ class Engine:
             pack_ids(resp.prompt_token_ids) if resp.prompt_token_ids is not None else None,
             pack_ids(resp.completion_token_ids) if resp.completion_token_ids is not None else None,
             pt, ct, details.get("reasoning_tokens") if isinstance(details, dict) else None,
-            cost, orjson.dumps(repairs).decode(), latency, time.time(), count_check))
+            cost, orjson.dumps(repairs).decode(), latency, time.time(), count_check,
+            encode_tool_matches(job.tool_matches)))
         self._task_row(job.task_id, job.conv, job.turn, "done", job.attempts, None)
         ds.bump("pending", -1)
         ds.bump("done")

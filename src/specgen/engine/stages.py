@@ -11,7 +11,8 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class Stages:
     iter_rows: Callable[..., Any]  # specgen.sources.iter_rows(ds, start=)
-    next_request: Callable[..., Any]  # specgen.planner.next_request(conv, answers, turns)
+    # specgen.planner.next_request(conv, answers, turns, tool_results=)
+    next_request: Callable[..., Any]
     build_request: Callable[..., Any]  # specgen.request.build_request(cfg, ds, req)
     normalize: Callable[..., Any]  # specgen.normalize.normalize(resp, tools=, renderer=, on_length=)
     quarantined: type[BaseException]  # specgen.normalize.Quarantined

@@ -109,6 +109,7 @@ class Job:
     weight: float = 0.0  # estimated cost while in flight (in-flight budget)
     weight_before: float = 0.0  # in-flight weight when it was sent
     probe: bool = False  # sent to probe an endpoint that is down
+    tool_matches: tuple[str, ...] = ()  # how the reused tool results in `messages` matched
 
     @property
     def ds(self) -> DsRun:

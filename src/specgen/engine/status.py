@@ -17,7 +17,11 @@ import orjson
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .scheduler import LIVE_FILE
-from .status_queries import count_checks_by_provider, failed_tasks_by_class
+from .status_queries import (
+    conversation_shapes,
+    count_checks_by_provider,
+    failed_tasks_by_class,
+)
 
 
 def _live(run_dir: Path) -> dict[str, Any] | None:
@@ -43,6 +47,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         providers = store.provider_totals()
         failures = failed_tasks_by_class(store)
         checks = count_checks_by_provider(store)
+        shapes = conversation_shapes(store)
     hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
     last = sessions[-1] if sessions else None
@@ -87,6 +92,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             "rows_other_shard": row.get("rows_other_shard", 0),
             "exhausted": bool(row.get("exhausted", 0)),
             "conversations": c,
+            "turns_per_conversation": {}, "end_reasons": {}, "tool_matches": {},
+            **shapes.get(name, {}),
             "quarantine_reasons": quarantine.get(name, {}),
             "token_budget": (cfg_ds.get(name) or {}).get("token_budget"),
             "limit": (cfg_ds.get(name) or {}).get("limit"),
@@ -138,3 +145,23 @@ def dataset_state(state: str, done: int, failed: int, pending: int) -> str:
     if state != "done" or not failed:
         return state
     return "failed" if not done and not pending else "done_with_failures"
+
+
+def conversation_lines(d: dict[str, Any]) -> list[str]:
+    """Plain lines on one dataset's conversations (status JSON): turns per conversation,
+    early ends by reason, samples reusing recorded tool results by their weakest match."""
+    lines = []
+    turns = d.get("turns_per_conversation") or {}
+    if turns:
+        n = sum(turns.values())
+        mean = sum(int(k) * v for k, v in turns.items()) / n
+        lines.append("turns per conversation: "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(turns.items(),
+                                                              key=lambda kv: int(kv[0])))
+                     + f" (mean {mean:.1f})")
+    if d.get("end_reasons"):
+        lines.append("ended early: " + ", ".join(f"{k} {v}" for k, v in d["end_reasons"].items()))
+    if d.get("tool_matches"):
+        lines.append("samples reusing tool results, by weakest match: "
+                     + ", ".join(f"{k} {v}" for k, v in d["tool_matches"].items()))
+    return lines

@@ -59,3 +59,40 @@ def vouched_deltas(store: Store, per_provider: int = 50) -> list[tuple[str, int 
     except sqlite3.OperationalError:
         return []
     return [(p, dp, dc) for p, dp, dc in rows]
+
+
+def conversation_shapes(store: Store) -> dict[str, dict[str, Any]]:
+    """Per dataset: how many samples (regenerated turns) its conversations gave
+    ({"turns_per_conversation": {"n": conversations}}, conversations without one left out), why conversations ended early
+    ({"end_reasons": {reason: n}}) and its samples whose prompt reuses recorded tool results,
+    by the weakest match ({"tool_matches": {kind: n}}; empty for stores made before it)."""
+    from ..planner import weakest_match
+    from ..store import decode_tool_matches
+
+    out: dict[str, dict[str, Any]] = {}
+
+    def entry(ds: str) -> dict[str, Any]:
+        return out.setdefault(ds, {"turns_per_conversation": {}, "end_reasons": {},
+                                   "tool_matches": {}})
+
+    for ds, n, convs in store.conn.execute(
+            "SELECT c.dataset, r.n, COUNT(*) FROM (SELECT conversation, COUNT(*) AS n "
+            "FROM results GROUP BY conversation) r JOIN conversations c ON c.id = r.conversation "
+            "GROUP BY 1, 2 ORDER BY 1, 2"):
+        entry(ds)["turns_per_conversation"][str(n)] = convs
+    for ds, reason, n in store.conn.execute(
+            "SELECT dataset, end_reason, COUNT(*) FROM conversations "
+            "WHERE end_reason IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC"):
+        entry(ds)["end_reasons"][reason] = n
+    try:
+        rows = store.conn.execute(
+            "SELECT dataset, tool_matches, COUNT(*) FROM results "
+            "WHERE tool_matches IS NOT NULL GROUP BY 1, 2").fetchall()
+    except sqlite3.OperationalError:  # an older store opened read-only: no such column
+        rows = []
+    for ds, text, n in rows:
+        kind = weakest_match(decode_tool_matches(text))
+        if kind is not None:
+            counts = entry(ds)["tool_matches"]
+            counts[kind] = counts.get(kind, 0) + n
+    return out

@@ -112,6 +112,8 @@ def openai_row(conv: RegeneratedConversation) -> dict[str, Any]:
         row["tools"] = conv.tools
     row["regenerated"] = conv.answer_positions
     row["turns"] = [s.turn for s in conv.samples]
+    # the last request holds every reused tool result of the conversation (planner)
+    row["tool_matches"] = conv.samples[-1].tool_matches
     return row
 
 

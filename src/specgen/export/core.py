@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..planner import weakest_match
 from ..store import ResultRow, Store
 from .atomic import fsync_dir, remove, remove_stale, temp_path, write_temp
 from .conversations import (
@@ -71,6 +72,8 @@ class DatasetTotals:
     excluded_mismatch: int = 0  # samples left out: count_check = "mismatch"
     # exported samples by count_check as written ("unchecked": stored before the check)
     count_checks: dict[str, int] = field(default_factory=dict)
+    # exported samples whose prompt reuses recorded tool results, by the weakest match
+    tool_matches: dict[str, int] = field(default_factory=dict)
 
     def add_samples(self, rows: Sequence[ResultRow]) -> None:
         self.conversations += 1
@@ -85,6 +88,9 @@ class DatasetTotals:
             self.true_id_samples += has_true_ids(r)
             check = exported_count_check(r) or "unchecked"
             self.count_checks[check] = self.count_checks.get(check, 0) + 1
+            weakest = weakest_match(r.tool_matches)
+            if weakest is not None:
+                self.tool_matches[weakest] = self.tool_matches.get(weakest, 0) + 1
 
 
 def default_out(run_dir: Path, opts: ExportOptions) -> Path:
@@ -327,13 +333,15 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
     total = DatasetTotals()
     for t in totals.values():
         for k in asdict(total):
-            if k == "count_checks":
-                for check, n in t.count_checks.items():
-                    total.count_checks[check] = total.count_checks.get(check, 0) + n
+            if k in ("count_checks", "tool_matches"):
+                into = getattr(total, k)
+                for key, n in getattr(t, k).items():
+                    into[key] = into.get(key, 0) + n
             else:
                 setattr(total, k, getattr(total, k) + getattr(t, k))
     for t in (total, *totals.values()):
         t.count_checks = dict(sorted(t.count_checks.items()))
+        t.tool_matches = dict(sorted(t.tool_matches.items()))
     for t in (total, *totals.values()):
         t.cost_usd = round(t.cost_usd, 10)  # no float-sum noise in the manifest
     per = {d: asdict(t) for d, t in totals.items()}

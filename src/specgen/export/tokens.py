@@ -6,7 +6,9 @@ those are the sample: `input_ids` = true prompt + true completion, mask 0 on the
 the completion. Our rebuilt ids then only measure reconstruction (`specgen verify`).
 
 Every row also carries the provider's witness: its usage counts, the sample's `count_check`
-("true_ids" whenever the exported ids are the backend's) and the repairs applied.
+("true_ids" whenever the exported ids are the backend's) and the repairs applied; and
+`tool_matches`: how each recorded tool result in its prompt was matched to the model's call
+(`exact`, `name`, `position`; empty when the prompt reuses none).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class TokenSample:
     usage_completion_tokens: int | None = None
     count_check: str | None = None
     repairs: list[str] = field(default_factory=list)
+    tool_matches: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -88,6 +91,7 @@ class TokenSample:
             cost_usd=r.cost_usd, turns=[r.turn],
             usage_prompt_tokens=r.prompt_tokens, usage_completion_tokens=r.completion_tokens,
             count_check=exported_count_check(r), repairs=list(r.repairs),
+            tool_matches=list(r.tool_matches),
         )
 
 
@@ -124,6 +128,7 @@ def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
                     else prev.usage_completion_tokens + s.usage_completion_tokens),
                 count_check=_weakest(prev.count_check, s.count_check),
                 repairs=[*prev.repairs, *(x for x in s.repairs if x not in prev.repairs)],
+                tool_matches=s.tool_matches,  # its prompt extends prev's: holds its results
             )
         else:
             out.append(s)
@@ -166,7 +171,7 @@ def token_row(s: TokenSample, *, merged: bool) -> dict:
         "reasoning_tokens": s.reasoning_tokens, "cost_usd": s.cost_usd,
         "usage_prompt_tokens": s.usage_prompt_tokens,
         "usage_completion_tokens": s.usage_completion_tokens,
-        "count_check": s.count_check, "repairs": s.repairs,
+        "count_check": s.count_check, "repairs": s.repairs, "tool_matches": s.tool_matches,
     }
     if merged:
         row["merged_turns"] = s.turns
@@ -186,6 +191,7 @@ def parquet_schema(*, merged: bool):
         ("cost_usd", pa.float64()),
         ("usage_prompt_tokens", pa.int64()), ("usage_completion_tokens", pa.int64()),
         ("count_check", pa.string()), ("repairs", pa.list_(pa.string())),
+        ("tool_matches", pa.list_(pa.string())),
     ]
     if merged:
         fields.append(("merged_turns", pa.list_(pa.int32())))

@@ -209,7 +209,13 @@ def _repairs(s: RunStats) -> Section:
         Table("Quarantined answers by reason, dataset and provider",
               ["reason", "dataset", "provider", "answers"], [list(r) for r in s.quarantine_by]),
         Table("Conversations ended early", ["end reason", "conversations"],
-              s.end_reasons.most_common())])
+              s.end_reasons.most_common()),
+        Table("Turns per conversation (samples)", ["dataset", "turns", "conversations"],
+              [[ds, n, c] for ds, v in s.shapes.items()
+               for n, c in v["turns_per_conversation"].items()]),
+        Table("Samples reusing recorded tool results, by weakest match (exact, name, position)",
+              ["dataset", "match", "samples"],
+              [[ds, k, n] for ds, v in s.shapes.items() for k, n in v["tool_matches"].items()])])
     sec.charts.append(svg.bar_chart(s.repairs.most_common(), title="Repairs"))
     sec.charts.append(svg.bar_chart(s.quarantine.most_common(), title="Quarantines"))
     return sec

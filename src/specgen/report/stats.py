@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from ..engine.status_queries import conversation_shapes
+
 TIME_BUCKETS = 40
 
 
@@ -38,6 +40,8 @@ class RunStats:
     task_errors: Counter
     invalid_rows: int
     totals: dict[str, Any] = field(default_factory=dict)
+    # dataset -> turns per conversation, early ends, samples by weakest tool-result match
+    shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -183,6 +187,7 @@ def collect(store) -> RunStats:
         invalid_rows=q("SELECT COUNT(*) FROM invalid_rows").fetchone()[0],
     )
     stats.totals = _totals(stats)
+    stats.shapes = conversation_shapes(store)
     return stats
 
 

@@ -48,6 +48,7 @@ class ChatRequest:
     # Set by the server when quirk tool_calls_in_content applies (the request has no tools):
     # the request then also serves as the model's `GenRequest`.
     force_raw_tool_call: bool = False
+    after_tool_result: bool = False  # the last message is a tool result
 
 
 def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -> ChatRequest:
@@ -160,6 +161,7 @@ class ChatParser:
             served, sort, messages, tools, tool_choice, get("parallel_tool_calls") is not False,
             stream, max_tokens, stop, thinking, effort, r_max, exclude, provider, params,
             want or ids_header, seed, prior_calls, history_tool,
+            after_tool_result=messages[-1]["role"] == "tool",
         )
 
 

@@ -41,7 +41,11 @@ class ToolCallConfig:
     """How often and how the simulated model calls tools when the request declares some."""
 
     rate: float = 0.5  # P(tool calls) for tool_choice "auto" (or absent)
+    # P(tool calls) right after tool results (chat requests); None = `rate`
+    rate_after_result: float | None = None
     max_parallel: int = 2  # calls per answer at most (1 when parallel_tool_calls is false)
+    # P(more than one call) when several are allowed; None = 1..max_parallel uniformly
+    parallel_rate: float | None = None
     content_rate: float = 0.3  # P(a short content sentence before the calls)
     compact_arguments_rate: float = 0.2  # share of answers whose arguments are compact JSON
     optional_rate: float = 0.5  # P(an optional schema property is filled in)
@@ -266,8 +270,9 @@ class SimConfig:
         for name in ("reasoning_share",):
             _rate(getattr(self.length, name), f"length.{name}", where)
         for f in dataclasses.fields(ToolCallConfig):
-            if f.name != "max_parallel":
-                _rate(getattr(self.tool_calls, f.name), f"tool_calls.{f.name}", where)
+            value = getattr(self.tool_calls, f.name)
+            if f.name != "max_parallel" and value is not None:
+                _rate(value, f"tool_calls.{f.name}", where)
         if self.tool_calls.max_parallel < 1:
             raise ConfigError(f"{where}: tool_calls.max_parallel must be >= 1")
         if not 1 <= self.length.min <= self.length.max:

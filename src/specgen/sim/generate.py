@@ -51,6 +51,7 @@ class GenRequest:
     effort: str | None = None
     reasoning_max_tokens: int | None = None
     force_raw_tool_call: bool = False  # quirk tool_calls_in_content (request has no tools)
+    after_tool_result: bool = False  # the last message is a tool result
 
 
 @dataclass(slots=True)
@@ -162,16 +163,30 @@ class Model:
         if isinstance(choice, dict):
             want = (choice.get("function") or {}).get("name")
             forced = next((f for f in functions if f["name"] == want), None)
-        if forced is None and choice != "required" and rng.random() >= self.cfg.tool_calls.rate:
+        if forced is None and choice != "required" and rng.random() >= self._call_rate(req):
             return []
         most = 1 if (forced is not None or not req.parallel_tool_calls) else self.cfg.tool_calls.max_parallel
         calls = []
-        for j in range(rng.randint(1, most)):
+        for j in range(self._call_count(most, rng)):
             fn = forced or rng.choice(functions)
             args = self.args.arguments(fn.get("parameters"), rng)
             calls.append(ToolCall(id=f"functions.{fn['name']}:{k + j}", name=fn["name"],
                                   arguments=json.dumps(args, ensure_ascii=False, separators=seps)))
         return calls
+
+    def _call_rate(self, req: GenRequest | ChatRequest) -> float:
+        """P(tool calls) for this request: `rate_after_result` right after tool results."""
+        tc = self.cfg.tool_calls
+        if req.after_tool_result and tc.rate_after_result is not None:
+            return tc.rate_after_result
+        return tc.rate
+
+    def _call_count(self, most: int, rng: random.Random) -> int:
+        """How many calls an answer makes: 1..most uniformly, or `parallel_rate` for >1."""
+        share = self.cfg.tool_calls.parallel_rate
+        if share is None:
+            return rng.randint(1, most)
+        return 1 if most == 1 or rng.random() >= share else rng.randint(2, most)
 
     # -- ids ------------------------------------------------------------------------------
     def _template(self, renderer: Renderer, thinking: bool, calls: Sequence[ToolCall]
