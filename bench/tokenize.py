@@ -9,6 +9,10 @@ tool loops, reasoning, prose, code, JSON, CJK, emoji) is written as JSONL. Each 
 script's entry point); its wall time and its own peak RSS (VmHWM) are measured. The ceiling is the same tokenizer encoding each sample's full
 rendered text in one `encode` call, with nothing else (texts rendered beforehand). Prints
 medians of --runs runs for two corpus sizes (N and 3N conversations) to show memory is flat.
+
+`--rule-cost` instead measures what the Kimi long-run rule costs (docs/tokenizers.md): the
+in-process tokenize loop over the corpus with the rule on, and with it switched off (every
+encode one piece, completions encoded alone), interleaved, CPU seconds, medians of --runs.
 """
 
 from __future__ import annotations
@@ -152,12 +156,48 @@ def raw_seconds(tok, texts: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def rule_cost(args, tok, corpus: Path) -> None:
+    """CPU seconds of the in-process tokenize loop with the long-run rule on and off."""
+    from specgen.commands.tokenize import tokenize_lines
+    from specgen.tokenizer import TiktokenTokenizer
+
+    lines = corpus.read_bytes().splitlines()
+    renderer = get_renderer(args.renderer, tok)
+
+    def loop() -> float:
+        start = time.process_time()
+        tokenize_lines(renderer, lines, lambda b: None)
+        return time.process_time() - start
+
+    def rule_off():
+        saved = (TiktokenTokenizer.encode, TiktokenTokenizer.prefix_sensitive)
+        TiktokenTokenizer.encode = TiktokenTokenizer._encode_piece
+        TiktokenTokenizer.prefix_sensitive = False
+        return saved
+
+    on, off = [], []
+    loop()  # warm the caches of both variants alike
+    for _ in range(args.runs):
+        on.append(loop())
+        saved = rule_off()
+        try:
+            off.append(loop())
+        finally:
+            TiktokenTokenizer.encode, TiktokenTokenizer.prefix_sensitive = saved
+    a, b = statistics.median(on), statistics.median(off)
+    print(f"long-run rule on:  {a:.3f} s CPU (runs: {', '.join(f'{x:.3f}' for x in on)})")
+    print(f"long-run rule off: {b:.3f} s CPU (runs: {', '.join(f'{x:.3f}' for x in off)})")
+    print(f"cost of the rule:  {100 * (a - b) / b:+.1f}%")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", default=str(ROOT.parent / "shared" / "models" / "kimi-k2.5"))
     ap.add_argument("--renderer", default="kimi-k2.5")
     ap.add_argument("--conversations", type=int, default=400)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--rule-cost", action="store_true",
+                    help="measure the long-run rule's cost in process (on vs off)")
     args = ap.parse_args()
     tok = load_tokenizer(args.tokenizer)
     renderer = get_renderer(args.renderer, tok)
@@ -167,6 +207,12 @@ def main() -> None:
     print(f"tokenizer {tok.name} ({tok.vocab_size} ids), renderer {args.renderer}, runs {args.runs}")
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
+        if args.rule_cost:
+            corpus = tmpd / "corpus.jsonl"
+            write_corpus(corpus, args.conversations)
+            print(f"corpus: {args.conversations} conversations, {corpus.stat().st_size / 1e6:.1f} MB")
+            rule_cost(args, tok, corpus)
+            return
         empty = tmpd / "empty.jsonl"
         empty.write_text("")
         startup = statistics.median(

@@ -300,7 +300,7 @@ def test_hf_renderer_accepts_reasoning_and_structured_calls(demo_tokenizer):
     template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     hf = get_renderer("hf", demo_tokenizer, template=template)
     stop = demo_tokenizer.id_to_special[min(hf.stop_token_ids)]
-    norm = normalize(resp("Hi" + stop, "hmm", [("call_1", "get_time", "{}")]), tools=TOOLS,
+    norm = normalize(resp("Hi" + stop, "hmm", [("call_1", "get_time", "{\"city\": \"Rome\"}")]), tools=TOOLS,
                      renderer=hf, messages=HISTORY)
     assert norm.message.content == "Hi" and norm.message.reasoning == "hmm"
     assert norm.message.tool_calls[0].id == "call_1"  # non-Kimi ids are left alone

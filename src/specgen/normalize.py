@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from .client.types import ChatResponse, RawToolCall
 from .conversation import AssistantMessage, Message, Tool, ToolCall
+from .quality.schema import schema_problem
 from .render.base import Renderer, RenderError, first_difference
 from .render.kimi import (
     CALL_ARG,
@@ -483,9 +484,10 @@ def _native_ids(calls: list[ToolCall], messages: Sequence[Message] | None,
 
 
 def _check_calls(calls: Sequence[ToolCall], tools: list[Tool] | None) -> None:
-    names = {t.get("function", {}).get("name") for t in tools or ()}
+    schemas = {(t.get("function") or {}).get("name"): (t.get("function") or {}).get("parameters")
+               for t in tools or () if isinstance(t, dict)}
     for c in calls:
-        if c.name not in names:
+        if c.name not in schemas:
             where = "the request declared no tools" if not tools else "not a declared tool"
             raise Quarantined("unknown_tool", f"{c.name!r}: {where}")
         try:
@@ -494,6 +496,9 @@ def _check_calls(calls: Sequence[ToolCall], tools: list[Tool] | None) -> None:
             raise Quarantined("bad_tool_arguments", f"{c.name}: {exc}") from None
         if not isinstance(value, dict):
             raise Quarantined("bad_tool_arguments", f"{c.name}: arguments are not a JSON object")
+        problem = schema_problem(value, schemas[c.name])
+        if problem is not None:
+            raise Quarantined("schema_mismatch", f"{c.name}: {problem}")
 
 
 def _compact(calls: Sequence[ToolCall]) -> bool:

@@ -1,0 +1,59 @@
+"""Tool-call arguments checked against the JSON schema the request declared for that tool.
+
+`schema_problem(arguments, parameters)` is the one entry point: None when the arguments fit
+(or the schema cannot judge them), else a short text naming the failing path, e.g.
+`$.unit: 'kelvin' is not one of ['c', 'f']`. Validators are built once per schema (a run
+declares the same few tool lists again and again) with the draft the schema names
+(`$schema`), else Draft 2020-12. A schema that is itself invalid judges nothing: a dataset's
+sloppy schema must not count against a provider.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import orjson
+
+
+def schema_problem(arguments: Any, parameters: Any) -> str | None:
+    """Why `arguments` (parsed JSON) do not fit the tool's `parameters` schema, or None."""
+    if not isinstance(parameters, dict) or not parameters:
+        return None
+    try:
+        key = orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None  # not plain JSON data: nothing to judge with
+    validator = _validator(key)
+    if validator is None:
+        return None
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is None:
+        return None
+    return f"{_path(error.absolute_path)}: {_short(error.message)}"
+
+
+@lru_cache(maxsize=256)
+def _validator(key: bytes):
+    import jsonschema
+
+    schema = orjson.loads(key)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError:
+        return None
+    return cls(schema)
+
+
+def _path(parts) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _short(message: str, limit: int = 160) -> str:
+    return message if len(message) <= limit else message[: limit - 1] + "…"
