@@ -195,6 +195,8 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode_after(self, prefix: str, text: str) -> list[int]:
         pieces = long_text_pieces(text, prefix_state(prefix))
+        if len(pieces) == 1:
+            return self._encode_piece(pieces[0])
         return [i for piece in pieces for i in self._encode_piece(piece)]
 
     def encode_ordinary(self, text: str) -> list[int]:
