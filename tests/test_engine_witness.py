@@ -244,3 +244,38 @@ def test_local_engines_get_the_vllm_history_by_default(tmp_path):
         assert not any(x.startswith("count:") for x in r.repairs)  # nothing left to repair
         assert r.input_ids[: r.n_prompt] == r.true_prompt_ids
     assert verify_run(cfg.run_dir).ok
+
+
+def list_content_rows(n: int) -> list[dict]:
+    """Plain prompts, and multi-turn chats whose history holds a message of text parts."""
+    rows = []
+    for i, row in enumerate(prompt_rows(n, prefix="lc-")):
+        if i % 2:
+            rows.append(row)
+            continue
+        rows.append({"messages": [
+            {"role": "user", "content": [{"type": "text", "text": f"item {i} {k}"}
+                                         for k in range(12)]},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": f"And then {i}?"}]})
+    return rows
+
+
+def test_a_hosted_vllm_stack_is_recognised_per_sample_from_its_counts(tmp_path):
+    # the provider runs vLLM: list content in the history is joined with "\n" before the
+    # template runs, so its prompt is longer by the joins (11 here: more than a provider's
+    # counting offset may be while it is still being learned); the count witness finds the
+    # vLLM rendering of the history and makes it the sample's prompt
+    cfg, outcome = run(tmp_path, 'serving = "vllm"', 30, true_ids=True,
+                       rows=list_content_rows, turns="last")
+    assert outcome.state == "finished", outcome
+    with Store.open(cfg.run_dir) as s:
+        rows = list(s.iter_results())
+    assert len(rows) == 30
+    fixed = [r for r in rows if "count:history_served_vllm" in r.repairs]
+    assert len(fixed) == 15  # every list-content history; no plain prompt touched
+    for r in fixed:
+        assert r.request["messages"][0]["content"].count("\nitem ") == 11
+        assert r.input_ids[: r.n_prompt] == r.true_prompt_ids
+    report = verify_run(cfg.run_dir)
+    assert report.ok and report.exit_code == 0

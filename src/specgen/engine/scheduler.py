@@ -29,7 +29,7 @@ from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair, dedup_repair, prompt_repair
 from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
-from ..render.serving import history_as_served, reserialized_history
+from ..render.serving import history_as_served, may_be_served_differently, reserialized_history
 from ..request import with_max_tokens
 from ..store import Store, encode_tool_matches, pack_ids, pack_json, unpack_json
 from .budget import Budget
@@ -864,7 +864,7 @@ class Engine:
             pstats.latency.add(latency)
         request = {"messages": job.messages, "tools": job.tools}
         if prompt_ids is not job.prompt_ids:  # the history as the serving stack rendered it
-            request["messages"] = reserialized_history(job.messages)
+            request["messages"] = verdict.prompt_messages
         if job.shrunk_from is not None:  # sent smaller than configured: say so on the sample
             repairs.append(f"max_tokens_shrunk:{job.shrunk_from}->{job.max_tokens}")
             request["max_tokens"] = job.max_tokens
@@ -930,15 +930,22 @@ class Engine:
                     return fits[0]  # one result, however it is reached
                 return None  # none, or two that fit with other ids: ambiguous
         prompt_fix = None
-        served = reserialized_history(job.messages)
-        if served is not None:  # a history a serving stack would re-render: not a plain prompt
+        chosen: list = []
+        candidates = self._served_candidates(job)
+        if candidates:  # a history a serving stack would render otherwise: not a plain prompt
             def prompt_fix(target: int):
-                return prompt_repair(served, target,
-                                     lambda msgs: self.renderer.prompt_ids(msgs, job.tools))
+                fit = prompt_repair(candidates, target,
+                                    lambda msgs: self.renderer.prompt_ids(msgs, job.tools))
+                if fit is None:
+                    return None
+                chosen.append(fit[2])
+                return fit[0], fit[1]
         key = resp.provider or resp.base_url or "(unknown)"
         verdict = self.witness.judge(key, prompt=len(job.prompt_ids), completion=len(completion),
                                      usage=resp.usage or {}, repair=repair,
                                      prompt_repair=prompt_fix)
+        if chosen and verdict.prompt_ids is not None:
+            verdict.prompt_messages = chosen[-1]
         if verdict.check == "exact" and resp.duplicates and dedup_repair(
                 resp, len(completion), rebuild) is not None:
             # a repeated event whose text does not change the count: with it or without it
@@ -950,6 +957,26 @@ class Engine:
                              f"{key}'s token counts never settle on a constant offset against "
                              "ours: they are no witness, its samples are unverified")
         return verdict
+
+    def _served_candidates(self, job: Job) -> list[tuple[str, list]]:
+        """The histories a hosted provider's stack may have rendered instead of ours (render.
+        serving), each named as its repair, when it renders other text than ours."""
+        messages = job.messages
+        if not may_be_served_differently(messages):
+            return []
+        out = []
+        if (args := reserialized_history(messages)) is not None:
+            out.append(("history_reserialized", args))
+        for stack in ("vllm", "sglang"):
+            served = history_as_served(messages, stack, self.renderer.content_format(stack))
+            if served is not None:
+                out.append((f"history_served_{stack}", served))
+        if not out:
+            return []
+        text = self.renderer.render_text
+        ours = text(messages, job.tools, add_generation_prompt=True)
+        return [(n, m) for n, m in out
+                if text(m, job.tools, add_generation_prompt=True) != ours]
 
     def _quarantine(self, job: Job, resp: ChatResponse, reason: str, common: dict,
                     pstats, detail: str = "") -> None:

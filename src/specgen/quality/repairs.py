@@ -93,13 +93,20 @@ def count_repair(message: AssistantMessage, target: int, render: Render
     return found[0] if len(found) == 1 else None
 
 
-def prompt_repair(served: list[Message], target: int, render: RenderPrompt
-                  ) -> tuple[list[int], list[str]] | None:
-    """The prompt ids the model saw when its serving stack re-serialised the history's tool
-    call arguments (`served`: `reserialized_history` of the request's messages), when that
-    prompt is exactly `target` ids long; else None."""
-    ids = render(served)
-    return (ids, ["history_reserialized"]) if len(ids) == target else None
+def prompt_repair(candidates: list[tuple[str, list[Message]]], target: int,
+                  render: RenderPrompt) -> tuple[list[int], list[str], list[Message]] | None:
+    """The prompt the model saw when its serving stack rebuilt the history: of the
+    `candidates` (name, messages as one stack renders them), the one whose prompt is exactly
+    `target` ids long, when exactly one id sequence is; its ids, [name] and messages."""
+    found: dict[tuple[int, ...], tuple[str, list[Message]]] = {}
+    for name, messages in candidates:
+        ids = render(messages)
+        if len(ids) == target:
+            found.setdefault(tuple(ids), (name, messages))
+    if len(found) != 1:
+        return None
+    ids, (name, messages) = next(iter(found.items()))
+    return list(ids), [name], messages
 
 
 def _cut(text: str | None, spans: list[tuple[int, int]]) -> str | None:

@@ -79,6 +79,7 @@ class Verdict:
     message: Any = None  # the repaired AssistantMessage (check "repaired"; None: unchanged)
     ids: list[int] | None = None  # its completion ids
     prompt_ids: list[int] | None = None  # the prompt the model saw, when a repair found it
+    prompt_messages: Any = None  # the history as the serving stack rendered it, then
 
 
 Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]

@@ -100,6 +100,18 @@ def reserialized_history(messages: Sequence[Message]) -> list[Message] | None:
     return out if changed else None
 
 
+def may_be_served_differently(messages: Sequence[Message]) -> bool:
+    """Whether some stack could render these messages differently from transformers: an
+    assistant message with tool calls (or an empty list of them), or list or null content."""
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
+        if isinstance(content, list) or content is None or "tool_calls" in m:
+            return True
+    return False
+
+
 def content_format(serving: str, template: str | None) -> str:
     """The stack's content format for a chat template: "openai" (list content handed to the
     template as parts) or "string" (text parts joined). vLLM: "openai" when the template

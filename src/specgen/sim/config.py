@@ -154,6 +154,9 @@ class ProviderConfig:
     # A vLLM/SGLang serving stack: history tool-call arguments parsed and re-written by the
     # template's tojson, so the prompt the model sees (and counts, and returns) differs.
     rerenders_history: bool = False
+    # Or the whole of one stack's message preprocessing (render.serving): "vllm" or "sglang"
+    # (list content joined, arguments parsed, ...); "" = none.
+    serving: str = ""
 
     @property
     def counts_exactly(self) -> bool:
@@ -320,6 +323,9 @@ class SimConfig:
             if p.tag.lower() in tags:
                 raise ConfigError(f"{label}: duplicate tag {p.tag!r}")
             tags.add(p.tag.lower())
+            if p.serving not in ("", "vllm", "sglang"):
+                raise ConfigError(f"{label}: serving {p.serving!r} is not one of \"vllm\", "
+                                  "\"sglang\" (or \"\": none)")
             if p.quantization not in QUANTIZATIONS:
                 raise ConfigError(f"{label}: quantization {p.quantization!r} is not one of "
                                   f"{', '.join(sorted(QUANTIZATIONS))}")

@@ -27,7 +27,7 @@ import orjson
 from ..render import get_renderer
 from ..render.base import RenderError
 from ..render.kimi import KimiRenderer
-from ..render.serving import reserialized_history
+from ..render.serving import history_as_served, reserialized_history
 from ..tokenizer import Tokenizer, load_tokenizer
 from .budget import InFlightBudget, spend_limit_error
 from .chat_request import ChatParser, ChatRequest
@@ -487,10 +487,13 @@ class Simulator:
                 break
         ps, latency = self._answering(provider, fault, rng)
         ctx.provider = provider
-        if provider.rerenders_history:
-            # its serving stack parses history tool-call arguments and the template writes
-            # them back with tojson: the model sees that history (docs/sim.md)
-            alt = reserialized_history(req.messages)
+        if provider.rerenders_history or provider.serving:
+            # its serving stack rebuilds the history (vLLM/SGLang: arguments parsed and
+            # written back with tojson, list content joined, ...): the model sees that
+            # history (docs/sim.md)
+            alt = (history_as_served(req.messages, provider.serving,
+                                     renderer.content_format(provider.serving))
+                   if provider.serving else reserialized_history(req.messages))
             if alt is not None:
                 prompt_ids = array("I", renderer.prompt_ids(alt, req.tools))
         if fault in HTTP_FAULTS:
