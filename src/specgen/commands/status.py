@@ -79,7 +79,7 @@ def print_status(s: dict) -> None:
                   f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
                   f"{d['cost_usd']:.4f}")
     console.print(t)
-    from ..engine.status import conversation_lines
+    from ..engine.status import conversation_lines, quality_cell
 
     for name, d in s["datasets"].items():
         lines = conversation_lines(d)
@@ -87,11 +87,18 @@ def print_status(s: dict) -> None:
             console.print(f"  {name}: " + "; ".join(lines), markup=False, highlight=False)
     for kind, f in (s.get("failures") or {}).items():
         console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
+    for name, info in (s.get("excluded_providers") or {}).items():
+        console.print(f"  [yellow]excluded provider {name}[/yellow] ({info.get('by', '?')}): "
+                      f"{info.get('reason', '')}; `specgen provider {s['run_dir']} --allow "
+                      f"{name}` puts it back", highlight=False)
+    for ev in s.get("quality_events") or []:
+        if ev["kind"] == "alarm":
+            console.print(f"  [red]{ev['detail']}[/red]", highlight=False)
     if s["providers"]:
         p = Table(box=None, header_style="bold")
-        for col in ("provider", "attempts", "outcomes", "samples by count check", "compl. tok",
-                    "cost $"):
-            p.add_column(col, justify="left" if col in ("provider", "outcomes",
+        for col in ("provider", "attempts", "outcomes", "samples by count check", "quality",
+                    "compl. tok", "cost $"):
+            p.add_column(col, justify="left" if col in ("provider", "outcomes", "quality",
                                                         "samples by count check") else "right")
         witness = s.get("count_witness") or {}
         for name, v in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
@@ -101,5 +108,8 @@ def print_status(s: dict) -> None:
             if state == "unusable":
                 checks += " (counts unusable)"
             p.add_row(name, str(v["requests"]), outcomes, checks or "-",
+                      quality_cell(((s.get("quality") or {}).get("providers") or {}).get(name),
+                                   name in (s.get("excluded_providers") or {})),
                       f"{v['completion_tokens']:,}", f"{v['cost_usd']:.4f}")
         console.print(p)
+
