@@ -47,6 +47,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def print_status(s: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -68,7 +69,7 @@ def print_status(s: dict) -> None:
         console.print(f"  [red]store: {sp['message']} — {sp['held_answers']} answer(s) held "
                       "in memory[/red]")
     if s["stop_reason"]:
-        console.print(f"  {s['stop_reason']}")
+        console.print(f"  {escape(s['stop_reason'])}")
     t = Table(box=None, header_style="bold")
     for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending", "rows read",
                 "prompt tok", "compl. tok", "cost $"):
@@ -88,12 +89,14 @@ def print_status(s: dict) -> None:
     for kind, f in (s.get("failures") or {}).items():
         console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
     for name, info in (s.get("excluded_providers") or {}).items():
-        console.print(f"  [yellow]excluded provider {name}[/yellow] ({info.get('by', '?')}): "
-                      f"{info.get('reason', '')}; `specgen provider {s['run_dir']} --allow "
-                      f"{name}` puts it back", highlight=False)
+        console.print(f"  [yellow]excluded provider {escape(name)}[/yellow] "
+                      f"({info.get('by', '?')}): {escape(str(info.get('reason', '')))}; "
+                      f"`specgen provider {s['run_dir']} --allow {escape(name)}` puts it back",
+                      highlight=False)
     for ev in s.get("quality_events") or []:
-        if ev["kind"] == "alarm":
-            console.print(f"  [red]{ev['detail']}[/red]", highlight=False)
+        said = (ev["detail"] or "").split(" (on_alarm", 1)[0] in (s["stop_reason"] or "")
+        if ev["kind"] == "alarm" and not said:
+            console.print(f"  [red]{escape(ev['detail'] or '')}[/red]", highlight=False)
     if s["providers"]:
         p = Table(box=None, header_style="bold")
         for col in ("provider", "attempts", "outcomes", "samples by count check", "quality",
