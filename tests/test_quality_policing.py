@@ -231,3 +231,11 @@ def test_bad_quality_keys_name_the_file_and_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as info:
         _cfg(tmp_path, text)
     assert key in str(info.value) and "run.toml" in str(info.value)
+
+
+def test_answers_right_after_tool_results_do_not_count_for_the_tool_calls_alarm():
+    alarms = DatasetAlarms(alarm_rules({}), window=200)
+    for i in range(200):  # a model answering once it has its results: never calls
+        assert alarms.observe(obs(task=i, tools_offered=True, after_tool_result=True)) is None
+    fired = [alarms.observe(obs(task=300 + i, tools_offered=True)) for i in range(50)]
+    assert [a.name for a in fired if a] == ["tool_calls"]

@@ -1014,7 +1014,8 @@ class Engine:
             message_calls=None if message is None else bool(message.tool_calls),
             repairs=repairs, count_check=count_check, finish_reason=resp.finish_reason,
             quantization_mismatch=self.policy.quantization_mismatch(resp.provider,
-                                                                    resp.quantization))
+                                                                    resp.quantization),
+            after_tool_result=bool(job.messages) and job.messages[-1].get("role") == "tool")
         for decision in self.quality.observe(obs):
             if isinstance(decision, Exclusion):
                 self._exclude(decision.provider, "auto", decision.message, decision.to_json())

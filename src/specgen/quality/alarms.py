@@ -27,7 +27,8 @@ class AlarmRule:
 ALARMS: dict[str, tuple[float, int, bool, str]] = {
     "raw_markers": (0.2, 20, False, "answers with raw tool-call markers in content or "
                                     "reasoning"),
-    "tool_calls": (0.02, 50, True, "answers to requests offering tools that call one"),
+    "tool_calls": (0.02, 50, True, "answers to requests offering tools (not right after "
+                                   "tool results) that call one"),
     "schema_mismatch": (0.2, 20, False, "answers with tool calls whose calls do not fit the "
                                         "declared schemas"),
     "count_mismatch": (0.2, 20, False, "judged answers whose provider counts contradict "
@@ -124,7 +125,7 @@ def _relevant(name: str, o: Observation) -> bool | None:
     if name == "raw_markers":
         return o.raw_markers
     if name == "tool_calls":
-        return (not o.calls) if o.tools_offered else None
+        return (not o.calls) if o.tools_offered and not o.after_tool_result else None
     if name == "schema_mismatch":
         if not o.calls or (quarantined and not o.tools_offered):
             return None

@@ -45,7 +45,8 @@ class Observation:
     message's; for a quarantined answer, the API's or marker text). `count_check`: the count
     witness's verdict when it judged (exact, repaired, mismatch), None when it did not or the
     provider's counting was not settled yet. `quantization_mismatch`: the answer revealed a
-    quantization its provider's endpoints do not declare."""
+    quantization its provider's endpoints do not declare. `after_tool_result`: the request's
+    last message is a tool result (a model then mostly answers without calling again)."""
 
     provider: str
     dataset: str
@@ -58,6 +59,7 @@ class Observation:
     count_check: str | None = None
     truncated: bool = False
     quantization_mismatch: bool = False
+    after_tool_result: bool = False  # the request's last message is a tool result
 
     @classmethod
     def of_answer(cls, *, provider: str | None, dataset: str, task: int, outcome: str,
@@ -65,8 +67,8 @@ class Observation:
                   content: str | None = None, reasoning: str | None = None,
                   api_calls: bool = False, message_calls: bool | None = None,
                   repairs: Sequence[str] = (), count_check: str | None = None,
-                  finish_reason: str | None = None,
-                  quantization_mismatch: bool = False) -> Observation:
+                  finish_reason: str | None = None, quantization_mismatch: bool = False,
+                  after_tool_result: bool = False) -> Observation:
         """The observation of an answer from its raw fields (`content`, `reasoning`,
         `api_calls`: the API returned structured calls) and what the engine made of it
         (`message_calls`: the kept message has calls; `repairs`; `count_check`)."""
@@ -80,7 +82,8 @@ class Observation:
                    raw_markers=markers,
                    count_check=count_check if count_check in JUDGED else None,
                    truncated=finish_reason == "length",
-                   quantization_mismatch=quantization_mismatch)
+                   quantization_mismatch=quantization_mismatch,
+                   after_tool_result=after_tool_result)
 
 
 class Rolling:
