@@ -78,7 +78,8 @@ def build(run_dir: Path, convs: list[dict], decide: Callable[[dict], dict] | Non
                       None if o["true_prompt"] is None else pack_ids(o["true_prompt"]),
                       None if o["true_completion"] is None else pack_ids(o["true_completion"]),
                       o["prompt_tokens"], o["completion_tokens"], 2, 0.001,
-                      orjson.dumps(o["repairs"]).decode(), 0.5, now, o["count_check"], None)
+                      orjson.dumps(o["repairs"]).decode(), 0.5, now, o["count_check"], None,
+                      o.get("quantization"))
             assert len(values) == len(RESULT_INSERT_COLUMNS.split(","))
             b.results.append(values)
     store.write(b)
@@ -254,7 +255,7 @@ def test_mismatch_excluded_by_default_and_included_on_request(tmp_path):
     assert read(out)[1]["count_check"] == "true_ids"
     manifest = json.loads((tmp_path / "t.manifest.json").read_text())
     assert manifest["excluded"]["samples"] == 1
-    assert manifest["excluded"]["by_reason"] == {"count_mismatch": 1}
+    assert manifest["excluded"]["by_reason"] == {"count_mismatch": 1, "provider_excluded": 0}
     assert "count_check = mismatch" in manifest["excluded"]["why"]
     assert manifest["totals"]["excluded_mismatch"] == 1 == manifest["per_dataset"]["d"][
         "excluded_mismatch"]

@@ -80,3 +80,30 @@ def test_live_view_and_progress_line_render(finished_run):
         view.update(force=True)
     text = buf.getvalue()
     assert "limit_reached" in text and "Moonshot AI" in text and "$" in text
+
+
+def test_live_view_shows_quality_figures_exclusions_and_alarms(finished_run):
+    import asyncio
+
+    from specgen.quality.observe import Observation
+
+    _, cfg = finished_run
+    eng = asyncio.run(_engine(cfg))
+    for i in range(30):
+        eng.quality.observe(Observation("Moonshot AI", "a", i, "ok", tools_offered=True,
+                                        calls=True, count_check="exact"))
+        eng.stats.provider("Moonshot AI").requests += 1
+    eng.policy.exclude("Sloppy", {"by": "auto", "reason": "schema accuracy 40% < 90%"})
+    eng.alarms_fired.append({"alarm": "raw_markers", "dataset": "a", "share": 0.7,
+                             "samples": 20, "action": "stop"})
+    line = progress_line(eng)
+    assert "excluded Sloppy" in line and "ALARM raw_markers@a" in line
+    buf = io.StringIO()
+    view = LiveView(eng, console=Console(file=buf, force_terminal=True, width=220))
+    with view:
+        view.update(force=True)
+    text = buf.getvalue()
+    assert "schema 100% counts 100% quar. 0% mism. 0%" in text
+    assert "excluded provider Sloppy (auto): schema accuracy 40% < 90%" in text
+    assert "ALARM raw_markers on a: 70% of 20 (stop)" in text
+    assert eng.live_figures()["excluded_providers"]["Sloppy"]["by"] == "auto"

@@ -13,6 +13,7 @@ COMMANDS = [
     "sim",
     "run",
     "stop",
+    "provider",
     "status",
     "preview",
     "export",

@@ -186,6 +186,20 @@ class QualityConfig:
     # `mismatch` that no default export includes ("flag" warns once per provider, "keep" not)
     on_count_mismatch: Literal["quarantine", "flag", "keep"] = "quarantine"
     require_witness: bool = False  # drop samples no count backs (`unverified`)
+    # Provider policing (docs/quality.md, "Provider policing"): rolling figures per provider
+    # over the last `window` answers; with auto_exclude, a provider past a threshold (with at
+    # least `min_samples` answers behind the figure) is added to provider.ignore.
+    auto_exclude: bool = False
+    window: int = 200  # recent answers per provider (and per dataset, for the alarms)
+    min_samples: int = 20
+    min_schema_accuracy: float = 0.9
+    min_count_agreement: float = 0.9
+    max_quarantine_rate: float = 0.2
+    max_mismatch_rate: float = 0.2
+    # Alarms per dataset (docs/quality.md, "Alarms"): what happens when one fires, and each
+    # alarm's threshold / min_samples / false (quality.alarms.ALARMS holds the defaults).
+    on_alarm: Literal["stop", "pause_dataset", "warn"] = "stop"
+    alarms: dict[str, Any] | bool = field(default_factory=dict)
 
 
 @dataclass
@@ -386,6 +400,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
                           "[sampling] reasoning instead")
     _validate_sampling(cfg.sampling, where)
     _validate_numbers(cfg, where)
+    _validate_quality(cfg.quality, where)
     if cfg.sim.config is not None:
         cfg.sim.config = _resolve(base, cfg.sim.config)
         if not cfg.sim.config.is_file():
@@ -420,6 +435,28 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         if ds.weight is not None and not ds.weight > 0:
             raise ConfigError(f"{label}: weight must be > 0, got {ds.weight}")
     return cfg
+
+
+def _validate_quality(q: QualityConfig, where: str) -> None:
+    """Policing thresholds are shares, counts are positive, alarms parse (quality.alarms)."""
+    from .quality.alarms import alarm_rules
+
+    for key in ("min_schema_accuracy", "min_count_agreement", "max_quarantine_rate",
+                "max_mismatch_rate"):
+        value = getattr(q, key)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{where}: quality.{key} must be a share in [0, 1], got {value}")
+    for key in ("window", "min_samples"):
+        if getattr(q, key) < 1:
+            raise ConfigError(f"{where}: quality.{key} must be >= 1, got {getattr(q, key)}")
+    if q.min_samples > q.window:
+        raise ConfigError(f"{where}: quality.min_samples ({q.min_samples}) is larger than "
+                          f"quality.window ({q.window}): no figure could ever be judged")
+    rules = alarm_rules(q.alarms, where)
+    for name, rule in rules.items():
+        if rule.min_samples > q.window:
+            raise ConfigError(f"{where}: quality.alarms.{name}.min_samples ({rule.min_samples}) "
+                              f"is larger than quality.window ({q.window})")
 
 
 def _check_tool_results(value: str, label: str) -> None:

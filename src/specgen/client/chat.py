@@ -424,7 +424,7 @@ class ChatClient:
         """Mask the key in an answer (only a server echoing request headers could put it
         there); costs a few substring checks per response."""
         r = self._redact
-        for name in ("content", "reasoning", "provider", "model", "id"):
+        for name in ("content", "reasoning", "provider", "model", "id", "quantization"):
             value = getattr(resp, name)
             if value:
                 masked = r.text(value)

@@ -157,6 +157,7 @@ def parse_completion(data: bytes) -> ChatResponse:
         finish_reason=finish,
         native_finish_reason=_opt_str(choice.get("native_finish_reason")),
         provider=provider,
+        quantization=_opt_str(obj.get("quantization")),
         model=_opt_str(obj.get("model")),
         id=_opt_str(obj.get("id")),
         usage=usage or {},
@@ -190,7 +191,7 @@ class StreamParser:
         "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
-        "_frames", "_learns", "stop_reason", "_prev", "_dups",
+        "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -207,6 +208,7 @@ class StreamParser:
         self.finish_reason: str | None = None
         self.native_finish_reason: str | None = None
         self.provider: str | None = None
+        self.quantization: str | None = None  # revealed by the answer, when it says
         self.model: str | None = None
         self.id: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -366,6 +368,7 @@ class StreamParser:
                 if value:
                     self.provider = _opt_str(value)
                     provider = self.provider is None
+                    self.quantization = _opt_str(get("quantization"))
             if want_pids:
                 value = get("prompt_token_ids")
                 if value is not None:
@@ -519,6 +522,7 @@ class StreamParser:
             finish_reason=self.finish_reason,
             native_finish_reason=self.native_finish_reason,
             provider=self.provider,
+            quantization=self.quantization,
             model=self.model,
             id=self.id,
             usage=self.usage or {},

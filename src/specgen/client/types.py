@@ -52,6 +52,9 @@ class ChatResponse:
     # Streams: (field "content" | "reasoning", offset, length) of text an event repeated byte
     # for byte added; a count-guided repair may take it out (specgen.quality.repairs).
     duplicates: list[tuple[str, int, int]] = field(default_factory=list)
+    # The quantization that served the answer, when the answer says (a top-level
+    # `quantization` next to `provider`; the simulator's providers that reveal it).
+    quantization: str | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -30,6 +30,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--include-mismatched", action="store_true",
                    help="also export samples whose ids contradict the provider's own token "
                         "counts (count_check = mismatch); left out by default")
+    p.add_argument("--include-excluded-providers", action="store_true",
+                   help="also export samples of providers the run excluded (quality policing "
+                        "or `specgen provider --exclude`); left out by default")
     p.set_defaults(func=run)
 
 
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         format=args.format, out=Path(args.output) if args.output else None,
         datasets=list(args.dataset), jsonl=args.jsonl,
         split_by_dataset=args.split_by_dataset, merge_prefix=args.merge_prefix,
-        include_mismatched=args.include_mismatched)
+        include_mismatched=args.include_mismatched,
+        include_excluded_providers=args.include_excluded_providers)
     try:
         manifest = export_run(args.run_dir, opts)
     except (ExportError, StoreError) as exc:
@@ -70,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if t["excluded_mismatch"]:
         print(f"left out {t['excluded_mismatch']} sample(s) whose ids contradict the provider's "
               "token counts (count_check = mismatch); --include-mismatched exports them")
-    elif opts.include_mismatched and t["count_checks"].get("mismatch"):
+    if t["excluded_provider"]:
+        print(f"left out {t['excluded_provider']} sample(s) of excluded providers "
+              f"({', '.join(manifest['excluded']['providers'])}); "
+              "--include-excluded-providers exports them")
+    if not t["excluded_mismatch"] and opts.include_mismatched and t["count_checks"].get("mismatch"):
         print(f"included {t['count_checks']['mismatch']} sample(s) with count_check = mismatch")
     return 0

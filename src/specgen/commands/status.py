@@ -47,6 +47,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def print_status(s: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -68,7 +69,7 @@ def print_status(s: dict) -> None:
         console.print(f"  [red]store: {sp['message']} — {sp['held_answers']} answer(s) held "
                       "in memory[/red]")
     if s["stop_reason"]:
-        console.print(f"  {s['stop_reason']}")
+        console.print(f"  {escape(s['stop_reason'])}")
     t = Table(box=None, header_style="bold")
     for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending", "rows read",
                 "prompt tok", "compl. tok", "cost $"):
@@ -79,7 +80,7 @@ def print_status(s: dict) -> None:
                   f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
                   f"{d['cost_usd']:.4f}")
     console.print(t)
-    from ..engine.status import conversation_lines
+    from ..engine.status import conversation_lines, quality_cell
 
     for name, d in s["datasets"].items():
         lines = conversation_lines(d)
@@ -87,11 +88,20 @@ def print_status(s: dict) -> None:
             console.print(f"  {name}: " + "; ".join(lines), markup=False, highlight=False)
     for kind, f in (s.get("failures") or {}).items():
         console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
+    for name, info in (s.get("excluded_providers") or {}).items():
+        console.print(f"  [yellow]excluded provider {escape(name)}[/yellow] "
+                      f"({info.get('by', '?')}): {escape(str(info.get('reason', '')))}; "
+                      f"`specgen provider {s['run_dir']} --allow {escape(name)}` puts it back",
+                      highlight=False)
+    for ev in s.get("quality_events") or []:
+        said = (ev["detail"] or "").split(" (on_alarm", 1)[0] in (s["stop_reason"] or "")
+        if ev["kind"] == "alarm" and not said:
+            console.print(f"  [red]{escape(ev['detail'] or '')}[/red]", highlight=False)
     if s["providers"]:
         p = Table(box=None, header_style="bold")
-        for col in ("provider", "attempts", "outcomes", "samples by count check", "compl. tok",
-                    "cost $"):
-            p.add_column(col, justify="left" if col in ("provider", "outcomes",
+        for col in ("provider", "attempts", "outcomes", "samples by count check", "quality",
+                    "compl. tok", "cost $"):
+            p.add_column(col, justify="left" if col in ("provider", "outcomes", "quality",
                                                         "samples by count check") else "right")
         witness = s.get("count_witness") or {}
         for name, v in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
@@ -101,5 +111,8 @@ def print_status(s: dict) -> None:
             if state == "unusable":
                 checks += " (counts unusable)"
             p.add_row(name, str(v["requests"]), outcomes, checks or "-",
+                      quality_cell(((s.get("quality") or {}).get("providers") or {}).get(name),
+                                   name in (s.get("excluded_providers") or {})),
                       f"{v['completion_tokens']:,}", f"{v['cost_usd']:.4f}")
         console.print(p)
+

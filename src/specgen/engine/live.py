@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from .scheduler import Engine
+from .status import quality_cell
 
 _SHORT = {"exact": "exact", "repaired": "rep", "unverified": "unv", "mismatch": "MISMATCH",
           "true_ids": "ids"}
@@ -86,6 +87,8 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "prices": b.prices.source, "errors": dict(st.errors), "datasets": datasets,
         "providers": {k: v.to_json() for k, v in st.providers.items()}, "eta_s": eta,
         "rejections": dict(st.rejections), "quarantines": dict(st.quarantines),
+        "quality": engine.quality.policing.to_json(),
+        "excluded": dict(engine.policy.excluded), "alarms": list(engine.alarms_fired),
     }
 
 
@@ -107,6 +110,10 @@ def progress_line(engine: Engine) -> str:
         parts.append("errors " + " ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())))
     if s["eta_s"] is not None:
         parts.append(f"ETA {_fmt_eta(s['eta_s'])}")
+    if s["excluded"]:
+        parts.append("excluded " + ",".join(s["excluded"]))
+    if s["alarms"]:
+        parts.append("ALARM " + ",".join(f"{a['alarm']}@{a['dataset']}" for a in s["alarms"]))
     if s["store_problem"]:
         sp = s["store_problem"]
         parts.append(f"STORE: {sp['message']}: {sp['held_answers']} answers held; free space "
@@ -179,14 +186,21 @@ class LiveView:
             sp = s["store_problem"]
             parts.append(Text(f"{sp['message']}: {sp['held_answers']} answers held in memory; "
                               "free space or press Ctrl-C", style="bold red"))
+        for name, info in s["excluded"].items():
+            parts.append(Text(f"excluded provider {name} ({info.get('by')}): "
+                              f"{info.get('reason')}", style="yellow"))
+        for a in s["alarms"]:
+            parts.append(Text(f"ALARM {a['alarm']} on {a['dataset']}: "
+                              f"{100 * a['share']:.0f}% of {a['samples']} ({a['action']})",
+                              style="bold red"))
         parts.append(dt)
         if s["providers"]:
             pt = Table(box=None, pad_edge=False, header_style="bold")
             witness = self.engine.witness
             for col in ("provider", "requests", "ok", "rejected", "quar.", "errors", "witness",
-                        "compl. tok", "cost $", "p50 s", "p90 s"):
-                pt.add_column(col, justify="left" if col in ("provider", "errors", "witness")
-                              else "right")
+                        "quality", "compl. tok", "cost $", "p50 s", "p90 s"):
+                pt.add_column(col, justify="left" if col in ("provider", "errors", "witness",
+                                                             "quality") else "right")
             for name, p in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
                 lat = p["latency_s"]
                 errs = " ".join(f"{k}={v}" for k, v in sorted(p["errors"].items())) or "-"
@@ -195,7 +209,10 @@ class LiveView:
                 if witness.unusable(name):
                     checks += " (counts unusable)"
                 pt.add_row(name, str(p["requests"]), str(p["ok"]), str(p["rejected"]),
-                           str(p["quarantined"]), errs, checks, _fmt_int(p["completion_tokens"]),
+                           str(p["quarantined"]), errs, checks,
+                           quality_cell(s["quality"].get(name),
+                                        self.engine.policy.is_excluded(name)),
+                           _fmt_int(p["completion_tokens"]),
                            f"{p['cost_usd']:.4f}",
                            f"{lat['p50']:.2f}" if lat["p50"] is not None else "-",
                            f"{lat['p90']:.2f}" if lat["p90"] is not None else "-")

@@ -24,15 +24,20 @@ class Outcome:
 
 
 def decide(*, fatal: str | None, stopping: str | None, stop_reason: str | None,
-           pending: int, failed: dict[str, int], done_note: str) -> Outcome:
+           pending: int, failed: dict[str, int], done_note: str,
+           paused: dict[str, str] | None = None) -> Outcome:
     """The session's outcome. `failed`: failed tasks by error class (all sessions);
-    `done_note`: what the datasets reached (budgets, limits)."""
+    `done_note`: what the datasets reached (budgets, limits); `paused`: datasets an alarm
+    paused (name -> why): work is left, so the run stopped."""
     if fatal:
         return Outcome("failed", fatal, EXIT_FAILED)
     if stopping:
         reason = f"{stop_reason} ({pending:,} task(s) left pending)"
         cancelled = stopping == "now" or "drain timeout" in (stop_reason or "")
         return Outcome("stopped", reason, EXIT_CANCELLED if cancelled else EXIT_STOPPED)
+    if paused:
+        why = "; ".join(f"{name} paused by {reason}" for name, reason in paused.items())
+        return Outcome("stopped", f"{why} ({pending:,} task(s) left pending)", EXIT_STOPPED)
     n_failed = sum(failed.values())
     if n_failed:
         by_class = ", ".join(f"{k} {v:,}" for k, v in sorted(failed.items(),

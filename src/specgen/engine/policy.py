@@ -80,10 +80,74 @@ class ProviderPolicy:
         self.only = only
         self.quantizations = {q.lower() for q in provider.get("quantizations") or []}
         self.endpoints = list(endpoints)
+        # Providers taken out during the run (quality policing, `specgen provider
+        # --exclude`): name as given -> {"by", "reason", "at", ...}; added to `ignore`.
+        self.excluded: dict[str, dict[str, Any]] = {}
 
     @property
     def active(self) -> bool:
-        return bool(self.ignore or self.only or self.quantizations)
+        return bool(self.ignore or self.only or self.quantizations or self.excluded)
+
+    # -- exclusions ---------------------------------------------------------------------------
+    def exclude(self, name: str, info: dict[str, Any]) -> None:
+        self.excluded[name] = {**info, "slug": self.slug_for(name)}
+
+    def allow(self, name: str) -> str | None:
+        """Put an excluded provider back; returns the name it was excluded under (or None)."""
+        for key in list(self.excluded):
+            if _norm(key) == _norm(name) or _norm(self.excluded[key].get("slug", "")) == \
+                    _norm(name):
+                del self.excluded[key]
+                return key
+        return None
+
+    def is_excluded(self, provider: str) -> bool:
+        if not self.excluded:
+            return False
+        eps = self.endpoints_of(provider)
+        for key, info in self.excluded.items():
+            slug = info.get("slug") or key
+            if _norm(key) == _norm(provider) or _norm(slug) == _norm(provider) or any(
+                    self._slug_matches(slug, ep) for ep in eps):
+                return True
+        return False
+
+    def slug_for(self, name: str) -> str:
+        """The slug OpenRouter's `ignore` takes for a provider named as answers name it."""
+        eps = self.endpoints_of(name)
+        return eps[0].base_slug if eps else name
+
+    def provider_object(self, base: dict[str, Any] | None) -> dict[str, Any]:
+        """The request's `provider` object with the excluded providers added to `ignore`."""
+        obj = dict(base or {})
+        ignore = list(obj.get("ignore") or [])
+        for key, info in self.excluded.items():
+            slug = info.get("slug") or key
+            if slug not in ignore:
+                ignore.append(slug)
+        obj["ignore"] = ignore
+        return obj
+
+    # -- quantization -------------------------------------------------------------------------
+    def declared_quantization(self, provider: str | None) -> str | None:
+        """What the endpoint list says served an answer of `provider`: the quantization of its
+        allowed endpoints (all of them when none is allowed), joined with "+" when several;
+        "unknown" for a provider the list lacks; None without a list or a provider."""
+        if not provider or not self.endpoints:
+            return None
+        eps = self.endpoints_of(provider)
+        if not eps:
+            return "unknown"
+        allowed = [ep for ep in eps if self.endpoint_allowed(ep)] or eps
+        return "+".join(sorted({ep.quantization for ep in allowed}))
+
+    def quantization_mismatch(self, provider: str | None, revealed: str | None) -> bool:
+        """The answer says it was served at a quantization none of its provider's listed
+        endpoints declares."""
+        if not provider or not revealed:
+            return False
+        eps = self.endpoints_of(provider)
+        return bool(eps) and revealed.lower() not in {ep.quantization for ep in eps}
 
     # -- matching -----------------------------------------------------------------------------
     @staticmethod
@@ -99,6 +163,9 @@ class ProviderPolicy:
     def endpoint_allowed(self, ep: Endpoint) -> bool:
         if any(self._slug_matches(s, ep) for s in self.ignore):
             return False
+        if self.excluded and any(self._slug_matches(info.get("slug") or key, ep)
+                                 for key, info in self.excluded.items()):
+            return False
         if self.only and not any(self._slug_matches(s, ep) for s in self.only):
             return False
         return not self.quantizations or ep.quantization in self.quantizations
@@ -112,8 +179,9 @@ class ProviderPolicy:
         return [ep for ep in self.endpoints if self.endpoint_allowed(ep)]
 
     # -- the check ----------------------------------------------------------------------------
-    def rejection(self, provider: str | None) -> str | None:
+    def rejection(self, provider: str | None, quantization: str | None = None) -> str | None:
         """Why an answer from `provider` must be rejected, or None when it is acceptable.
+        `quantization`: what the answer says served it, checked against the allow-list.
 
         An answer naming no provider (a local server) cannot be checked and is accepted.
         """
@@ -121,6 +189,15 @@ class ProviderPolicy:
             return None
         if any(self._slug_names(s, provider) for s in self.ignore):
             return "provider_ignored"
+        if self.is_excluded(provider):
+            return "provider_excluded"
+        why = self._listed_rejection(provider)
+        if why is None and quantization and self.quantizations \
+                and quantization.lower() not in self.quantizations:
+            return f"quantization:{quantization.lower()}"
+        return why
+
+    def _listed_rejection(self, provider: str) -> str | None:
         candidates = self.endpoints_of(provider)
         if self.only and not (
             any(self._slug_names(s, provider) for s in self.only)

@@ -25,12 +25,16 @@ from ..client.retry import backoff_delay
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
+from ..quality.alarms import Alarm
+from ..quality.monitor import QualityMonitor
+from ..quality.observe import Observation
+from ..quality.policing import Exclusion
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair, dedup_repair, prompt_repair
 from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
 from ..render.serving import history_as_served, may_be_served_differently, reserialized_history
-from ..request import with_max_tokens
+from ..request import request_dialect, with_max_tokens
 from ..store import Store, encode_tool_matches, pack_ids, pack_json, unpack_json
 from .budget import Budget
 from .concurrency import AdaptiveLimit
@@ -40,6 +44,7 @@ from .model_check import ModelCheck
 from .outage import EndpointHealth
 from .outcome import Outcome, decide
 from .policy import ProviderPolicy
+from .providers import META_KEY, encode_excluded, pending_requests, read_excluded
 from .retry import RetryPolicy
 from .shard import Shard
 from .stages import Stages
@@ -99,6 +104,11 @@ class Engine:
         self.spend_window = InFlightBudget("usd" if budget.prices.known else "tokens")
         self.model_check = ModelCheck(cfg.target.model, ep.accept_models)
         self.witness = CountWitness()
+        self.quality = QualityMonitor(cfg.quality)  # policing and alarms (they decide)
+        self.alarms_fired: list[dict[str, Any]] = []
+        # exclusions reach the API as provider.ignore (OpenRouter's routing, the simulator's)
+        self.routes_providers = (not self.tokens_mode
+                                 and request_dialect(cfg, dialect_url) == "openrouter")
         self.inflight_weight = 0.0
         self.stop_kind: str | None = None  # user | account | unreachable | store
         self.failed_classes: Counter[str] = Counter()  # failed tasks by class, all sessions
@@ -143,6 +153,14 @@ class Engine:
             store, [d.name for d in cfg.datasets]).items()})
         for provider, dp, dc in vouched_deltas(store):
             self.witness.seed(provider, dp, dc)
+        for name, info in read_excluded(store.meta()).items():
+            self.policy.exclude(name, info)
+            self.quality.policing.mark(name, True)
+        if self.policy.excluded:
+            log.warning("excluded providers (from earlier sessions): %s; `specgen provider %s "
+                        "--allow NAME` puts one back", ", ".join(self.policy.excluded),
+                        store.path.parent)
+            self._check_routable()
         task_counts = store.task_counts()
         conv_counts = store.conversation_counts()
         spend = store.spend()
@@ -463,6 +481,10 @@ class Engine:
     def _pick(self) -> Job | None:
         """The next job to send, honouring dataset order and budgets."""
         for ds in self._order():
+            if ds.paused is not None:
+                if ds.ready:
+                    self._drop_ready(ds)  # answers that arrived since: they wait, pending
+                continue
             if not ds.ready:
                 continue
             job = ds.ready[0]
@@ -508,6 +530,9 @@ class Engine:
 
     def _launch(self, job: Job, probe: bool = False) -> None:
         ds = job.ds
+        if self.policy.excluded and self.routes_providers:
+            job.body = {**job.body, "provider": self.policy.provider_object(
+                self.cfg.endpoint.provider)}
         job.reservation = self.budget.reserve(ds.name, len(job.prompt_ids), job.max_tokens)
         job.epoch = self.limit.epoch
         job.attempts += 1
@@ -540,7 +565,7 @@ class Engine:
     def _has_work(self) -> bool:
         if self.retries:
             return True
-        if any(ds.ready and ds.blocked is None for ds in self.datasets):
+        if any(ds.ready and ds.blocked is None and ds.paused is None for ds in self.datasets):
             return True
         return bool(self._admissible())
 
@@ -765,10 +790,11 @@ class Engine:
                       provider=provider, model=resp.model, first_byte=resp.first_byte_at,
                       ended=resp.ended_at or None, status=getattr(resp, "http_status", None),
                       pt=pt, ct=ct, cost=cost, gen_id=resp.id)
-        rejection = self.policy.rejection(provider)
+        rejection = self.policy.rejection(provider, resp.quantization)
         if rejection is None:
             rejection = self.model_check.rejection(resp.model)
         if rejection is not None:
+            self._observe(job, resp, "rejected", reason=rejection)
             pstats.rejected += 1
             self.stats.rejections[rejection] += 1
             self.rejected_in_a_row += 1
@@ -850,7 +876,8 @@ class Engine:
                                            and self.cfg.quality.require_witness):
             reason = "count_mismatch" if count_check == "mismatch" else "no_witness"
             if count_check == "unverified" or self.cfg.quality.on_count_mismatch == "quarantine":
-                self._quarantine(job, resp, reason, common, pstats, detail=verdict.detail)
+                self._quarantine(job, resp, reason, common, pstats, detail=verdict.detail,
+                                 count_check=count_check if verdict.settled else None)
                 return
             if self.cfg.quality.on_count_mismatch == "flag":
                 self._event_once("count_mismatch", ds.name, provider,
@@ -858,6 +885,8 @@ class Engine:
                                  f"({verdict.detail}); kept as count_check = mismatch, left "
                                  "out of exports")
         pstats.checks[count_check] += 1
+        self._observe(job, resp, "ok", message=message, repairs=repairs,
+                      count_check=count_check if verdict.settled else None)
         self.rejected_in_a_row = 0
         pstats.ok += 1
         if latency is not None:
@@ -885,7 +914,8 @@ class Engine:
             pack_ids(resp.completion_token_ids) if resp.completion_token_ids is not None else None,
             pt, ct, details.get("reasoning_tokens") if isinstance(details, dict) else None,
             cost, orjson.dumps(repairs).decode(), latency, time.time(), count_check,
-            encode_tool_matches(job.tool_matches)))
+            encode_tool_matches(job.tool_matches),
+            resp.quantization or self.policy.declared_quantization(provider)))
         self._task_row(job.task_id, job.conv, job.turn, "done", job.attempts, None)
         ds.bump("pending", -1)
         ds.bump("done")
@@ -979,8 +1009,9 @@ class Engine:
                 if text(m, job.tools, add_generation_prompt=True) != ours]
 
     def _quarantine(self, job: Job, resp: ChatResponse, reason: str, common: dict,
-                    pstats, detail: str = "") -> None:
+                    pstats, detail: str = "", count_check: str | None = None) -> None:
         ds = job.ds
+        self._observe(job, resp, "quarantined", reason=reason, count_check=count_check)
         pstats.quarantined += 1
         self.stats.quarantines[reason.split(":", 1)[0]] += 1
         self._attempt_row(job, f"quarantined:{reason}", error=detail[:2000] or None, **common)
@@ -997,6 +1028,81 @@ class Engine:
         ds.bump("pending", -1)
         ds.bump("quarantined")
         self._close(job.conv, "ended", f"quarantined:{reason}")
+
+    # ---------------------------------------------------------------------------------------
+    # quality: the monitor decides, the engine carries it out
+    def _observe(self, job: Job, resp: ChatResponse, outcome: str, *, reason: str | None = None,
+                 message: AssistantMessage | None = None, repairs: list[str] = (),
+                 count_check: str | None = None) -> None:
+        obs = Observation.of_answer(
+            provider=resp.provider, dataset=job.ds.name, task=job.task_id, outcome=outcome,
+            reason=reason, tools_offered=bool(job.tools), content=resp.content,
+            reasoning=resp.reasoning, api_calls=bool(resp.tool_calls),
+            message_calls=None if message is None else bool(message.tool_calls),
+            repairs=repairs, count_check=count_check, finish_reason=resp.finish_reason,
+            quantization_mismatch=self.policy.quantization_mismatch(resp.provider,
+                                                                    resp.quantization),
+            after_tool_result=bool(job.messages) and job.messages[-1].get("role") == "tool")
+        for decision in self.quality.observe(obs):
+            if isinstance(decision, Exclusion):
+                self._exclude(decision.provider, "auto", decision.message, decision.to_json())
+            elif isinstance(decision, Alarm):
+                self._alarm(decision)
+
+    def _exclude(self, name: str, by: str, reason: str,
+                 figures: dict[str, Any] | None = None) -> None:
+        """Leave a provider out from now on: provider.ignore on every request, its answers
+        rejected, recorded in the store (a resumed run keeps it out)."""
+        if self.policy.is_excluded(name):
+            return
+        info: dict[str, Any] = {"by": by, "reason": reason, "at": time.time()}
+        if figures:
+            info["figures"] = figures
+        self.policy.exclude(name, info)
+        self.quality.policing.mark(name, True)
+        self.writer.batch.meta[META_KEY] = encode_excluded(self.policy.excluded)
+        self._event("provider_excluded", None, name, reason)
+        log.warning("%s; `specgen provider %s --allow %s` puts it back", reason,
+                    self.store.path.parent, name)
+        self._check_routable()
+
+    def _allow(self, name: str) -> None:
+        key = self.policy.allow(name)
+        if key is None:
+            log.warning("specgen provider --allow %s: no such provider is excluded", name)
+            return
+        self.quality.policing.mark(key, False)
+        self.writer.batch.meta[META_KEY] = encode_excluded(self.policy.excluded)
+        self._event("provider_allowed", None, key, "specgen provider --allow")
+        log.warning("provider %r allowed back (specgen provider --allow)", key)
+        self._wake.set()
+
+    def _check_routable(self) -> None:
+        """Stop when the exclusions leave no endpoint the policy allows."""
+        if self.policy.endpoints and not self.policy.allowed_endpoints():
+            self.request_stop(
+                f"every provider the policy allows is excluded ({', '.join(self.policy.excluded)}"
+                f"); `specgen provider {self.store.path.parent} --allow NAME` puts one back",
+                kind="quality")
+
+    def _alarm(self, alarm: Alarm) -> None:
+        action = self.cfg.quality.on_alarm
+        self.alarms_fired.append({**alarm.to_json(), "action": action, "at": time.time()})
+        self._event("alarm", alarm.dataset, None, f"{alarm.message} (on_alarm = {action})")
+        if action == "warn":
+            log.warning("%s (on_alarm = warn: the run goes on)", alarm.message)
+        elif action == "pause_dataset":
+            log.error("%s: dataset paused (on_alarm = pause_dataset)", alarm.message)
+            self._pause(self.by_name[alarm.dataset], alarm.message)
+        else:
+            log.error("%s: stopping (on_alarm = stop)", alarm.message)
+            self.request_stop(f"{alarm.message} (on_alarm = stop)", kind="alarm")
+
+    def _pause(self, ds: DsRun, why: str) -> None:
+        """No new requests for this dataset this session; its work stays pending."""
+        ds.paused = why
+        self._set_state(ds, "paused", f"paused: {why}")
+        self._drop_ready(ds)
 
     # ---------------------------------------------------------------------------------------
     # events, control, periodic work
@@ -1035,6 +1141,13 @@ class Engine:
         self._wake.set()
 
     def _poll_control(self) -> None:
+        for path, req in pending_requests(self.store.path.parent):
+            path.unlink(missing_ok=True)
+            name = req["name"].strip()
+            if req["action"] == "exclude":
+                self._exclude(name, "user", "specgen provider --exclude")
+            else:
+                self._allow(name)
         ctl = read_control(self.store.path.parent)
         if ctl is None:
             return
@@ -1057,6 +1170,8 @@ class Engine:
             "max_concurrency": self.limit.maximum, "concurrency_backoffs": self.limit.backoffs,
             "in_flight_budget": self.spend_window.to_json(), "endpoint": self.health.to_json(),
             "count_witness": self.witness.to_json(),
+            "quality": self.quality.to_json(), "excluded_providers": self.policy.excluded,
+            "alarms_fired": self.alarms_fired,
             "store_problem": self.store_problem(),
             "retrying": len(self.retries), "open_conversations": self.open_convs,
             "requests_per_s": round(rps, 3), "completion_tokens_per_s": round(tps, 1),
@@ -1216,7 +1331,8 @@ class Engine:
         outcome = decide(
             fatal=self.fatal, stopping=self.stopping, stop_reason=self.stop_reason,
             pending=sum(ds.tasks.get("pending", 0) for ds in self.datasets),
-            failed=self.failed_by_class(), done_note="; ".join(reached))
+            failed=self.failed_by_class(), done_note="; ".join(reached),
+            paused={ds.name: ds.paused for ds in self.datasets if ds.paused is not None})
         self.final_state = outcome.state
         self._event("session_end", None, None, f"{outcome.state}: {outcome.stop_reason}")
         self.stage_datasets()

@@ -31,7 +31,7 @@ class DsRun:
     rows_duplicate: int = 0
     rows_other_shard: int = 0
     exhausted: bool = False
-    state: str = "active"  # active | budget_reached | limit_reached | done
+    state: str = "active"  # active | budget_reached | limit_reached | done | paused
     conversations: int = 0  # conversations admitted so far (store + session)
     tasks: dict[str, int] = field(default_factory=dict)  # task status -> count
     convs_by_status: dict[str, int] = field(default_factory=dict)
@@ -43,6 +43,7 @@ class DsRun:
     opening: bool = False  # the source is being opened (and its first rows skipped) in a thread
     lookahead: Any = None  # the first row, read by the opener
     blocked: str | None = None  # why it cannot dispatch now ("tokens", "cost"), None if it can
+    paused: str | None = None  # why an alarm paused it this session (on_alarm = pause_dataset)
     dirty: bool = True
     seen: set[str] | None = field(default_factory=set)  # conv ids admitted this session
     stored_at_start: bool = False  # the store held conversations of it when the session began

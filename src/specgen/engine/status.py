@@ -16,11 +16,13 @@ import orjson
 
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
+from .providers import read_excluded
 from .scheduler import LIVE_FILE
 from .status_queries import (
     conversation_shapes,
     count_checks_by_provider,
     failed_tasks_by_class,
+    quality_events,
 )
 
 
@@ -48,6 +50,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         failures = failed_tasks_by_class(store)
         checks = count_checks_by_provider(store)
         shapes = conversation_shapes(store)
+        events = quality_events(store)
     hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
     last = sessions[-1] if sessions else None
@@ -119,6 +122,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "quarantined": sum(d["quarantined"] for d in datasets.values()),
         "failed": sum(d["failed"] for d in datasets.values()),
         "failures": failures,
+        "excluded_providers": read_excluded(meta),
+        "quality_events": events,
     }
     if last is not None:
         out["session"] = {
@@ -136,6 +141,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         out["endpoint"] = live.get("endpoint")
         out["store_problem"] = live.get("store_problem")
         out["count_witness"] = live.get("count_witness")
+        out["quality"] = live.get("quality")
     return out
 
 
@@ -165,3 +171,15 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
         lines.append("samples reusing tool results, by weakest match: "
                      + ", ".join(f"{k} {v}" for k, v in d["tool_matches"].items()))
     return lines
+
+
+def quality_cell(fig: dict | None, excluded: bool) -> str:
+    """A provider's rolling quality figures in a few words (live figures; "-" when none)."""
+    parts = []
+    for key, label in (("schema", "schema"), ("count", "counts"), ("quarantine", "quar."),
+                       ("mismatch", "mism.")):
+        value = (fig or {}).get(key, {}).get("value")
+        if value is not None:
+            parts.append(f"{label} {100 * value:.0f}%")
+    text = " ".join(parts) or "-"
+    return f"{text} EXCLUDED" if excluded else text

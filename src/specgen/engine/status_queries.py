@@ -96,3 +96,14 @@ def conversation_shapes(store: Store) -> dict[str, dict[str, Any]]:
             counts = entry(ds)["tool_matches"]
             counts[kind] = counts.get(kind, 0) + n
     return out
+
+
+def quality_events(store: Store, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest alarms and provider exclusions / re-admissions, oldest first:
+    [{"ts", "session", "kind", "dataset", "provider", "detail"}]."""
+    rows = store.conn.execute(
+        "SELECT ts, session, kind, dataset, provider, detail FROM events WHERE kind IN "
+        "('alarm', 'provider_excluded', 'provider_allowed') ORDER BY id DESC LIMIT ?",
+        (limit,)).fetchall()
+    names = ("ts", "session", "kind", "dataset", "provider", "detail")
+    return [dict(zip(names, r, strict=True)) for r in reversed(rows)]

@@ -112,6 +112,9 @@ def openai_row(conv: RegeneratedConversation) -> dict[str, Any]:
         row["tools"] = conv.tools
     row["regenerated"] = conv.answer_positions
     row["turns"] = [s.turn for s in conv.samples]
+    # who served each answer (aligned with `turns`)
+    row["providers"] = [s.provider for s in conv.samples]
+    row["quantizations"] = [s.quantization for s in conv.samples]
     # the last request holds every reused tool result of the conversation (planner)
     row["tool_matches"] = conv.samples[-1].tool_matches
     return row

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engine.providers import read_excluded
 from ..planner import weakest_match
 from ..store import ResultRow, Store
 from .atomic import fsync_dir, remove, remove_stale, temp_path, write_temp
@@ -37,6 +38,7 @@ from .tokens import (
 from .writers import JsonlWriter, ParquetWriter, Writer
 
 FORMATS = ("tokens", "specforge", "openai")
+DICT_TOTALS = ("count_checks", "tool_matches", "providers", "quantizations")
 
 
 class ExportError(Exception):
@@ -52,6 +54,7 @@ class ExportOptions:
     split_by_dataset: bool = False
     merge_prefix: bool = False
     include_mismatched: bool = False  # also export samples with count_check = "mismatch"
+    include_excluded_providers: bool = False  # also samples of providers the run excluded
 
     def extension(self) -> str:
         return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
@@ -70,10 +73,14 @@ class DatasetTotals:
     cost_usd: float = 0.0
     true_id_samples: int = 0  # samples exported as the backend's own ids
     excluded_mismatch: int = 0  # samples left out: count_check = "mismatch"
+    excluded_provider: int = 0  # samples left out: their provider is excluded from the run
     # exported samples by count_check as written ("unchecked": stored before the check)
     count_checks: dict[str, int] = field(default_factory=dict)
     # exported samples whose prompt reuses recorded tool results, by the weakest match
     tool_matches: dict[str, int] = field(default_factory=dict)
+    # exported samples by answering provider and by the quantization that served them
+    providers: dict[str, int] = field(default_factory=dict)
+    quantizations: dict[str, int] = field(default_factory=dict)
 
     def add_samples(self, rows: Sequence[ResultRow]) -> None:
         self.conversations += 1
@@ -88,6 +95,10 @@ class DatasetTotals:
             self.true_id_samples += has_true_ids(r)
             check = exported_count_check(r) or "unchecked"
             self.count_checks[check] = self.count_checks.get(check, 0) + 1
+            provider = r.provider or "(unknown)"
+            self.providers[provider] = self.providers.get(provider, 0) + 1
+            quant = r.quantization or "unknown"
+            self.quantizations[quant] = self.quantizations.get(quant, 0) + 1
             weakest = weakest_match(r.tool_matches)
             if weakest is not None:
                 self.tool_matches[weakest] = self.tool_matches.get(weakest, 0) + 1
@@ -253,6 +264,9 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
         rows_in = _checked(store.iter_results(selected))
         if not opts.include_mismatched:
             rows_in = _without_mismatched(rows_in, totals)
+        excluded = excluded_provider_names(meta)
+        if excluded and not opts.include_excluded_providers:
+            rows_in = _without_providers(rows_in, excluded, totals)
         groups = group_by_conversation(rows_in)
         if opts.format == "tokens":
             for rows, samples in token_samples(groups, merge=opts.merge_prefix):
@@ -314,6 +328,29 @@ def _without_mismatched(rows, totals: dict[str, DatasetTotals]):
         yield r
 
 
+def excluded_provider_names(meta: dict[str, str]) -> set[str]:
+    """Names and slugs (normalised) of the providers the run has excluded."""
+    out = set()
+    for name, info in read_excluded(meta).items():
+        out.add(_norm(name))
+        if isinstance(info, dict) and info.get("slug"):
+            out.add(_norm(str(info["slug"])))
+    return out
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _without_providers(rows, excluded: set[str], totals: dict[str, DatasetTotals]):
+    """The samples less those of excluded providers, counted per dataset."""
+    for r in rows:
+        if r.provider and _norm(r.provider) in excluded:
+            totals[r.dataset].excluded_provider += 1
+            continue
+        yield r
+
+
 def _open_writer(path: Path, temp: Path, opts: ExportOptions, meta: dict[str, str]) -> Writer:
     if opts.format == "tokens" and not opts.jsonl:
         return ParquetWriter(path, parquet_schema(merged=opts.merge_prefix), temp=temp, metadata={
@@ -333,15 +370,15 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
     total = DatasetTotals()
     for t in totals.values():
         for k in asdict(total):
-            if k in ("count_checks", "tool_matches"):
+            if k in DICT_TOTALS:
                 into = getattr(total, k)
                 for key, n in getattr(t, k).items():
                     into[key] = into.get(key, 0) + n
             else:
                 setattr(total, k, getattr(total, k) + getattr(t, k))
     for t in (total, *totals.values()):
-        t.count_checks = dict(sorted(t.count_checks.items()))
-        t.tool_matches = dict(sorted(t.tool_matches.items()))
+        for k in DICT_TOTALS:
+            setattr(t, k, dict(sorted(getattr(t, k).items())))
     for t in (total, *totals.values()):
         t.cost_usd = round(t.cost_usd, 10)  # no float-sum noise in the manifest
     per = {d: asdict(t) for d, t in totals.items()}
@@ -368,12 +405,18 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
         "ids": "the backend's own ids where it returned them (true_prompt_ids + "
                "true_completion_ids), else specgen's rebuilt ids",
         "excluded": {
-            "samples": total.excluded_mismatch,
-            "by_reason": {"count_mismatch": total.excluded_mismatch},
+            "samples": total.excluded_mismatch + total.excluded_provider,
+            "by_reason": {"count_mismatch": total.excluded_mismatch,
+                          "provider_excluded": total.excluded_provider},
+            "providers": sorted(read_excluded(meta)),
             "why": ("left out: samples whose ids contradict the provider's own token counts "
                     "(count_check = mismatch); --include-mismatched exports them"
                     if not opts.include_mismatched else
-                    "none left out: --include-mismatched was given"),
+                    "no mismatched sample left out: --include-mismatched was given")
+            + ("; samples of the providers the run excluded (quality policing or `specgen "
+               "provider --exclude`); --include-excluded-providers exports them"
+               if not opts.include_excluded_providers else
+               "; excluded providers' samples kept: --include-excluded-providers was given"),
         },
     }
 

@@ -8,7 +8,8 @@ the completion. Our rebuilt ids then only measure reconstruction (`specgen verif
 Every row also carries the provider's witness: its usage counts, the sample's `count_check`
 ("true_ids" whenever the exported ids are the backend's) and the repairs applied; and
 `tool_matches`: how each recorded tool result in its prompt was matched to the model's call
-(`exact`, `name`, `position`; empty when the prompt reuses none).
+(`exact`, `name`, `position`; empty when the prompt reuses none); and who served it:
+`provider`, `model` and `quantization`.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class TokenSample:
     count_check: str | None = None
     repairs: list[str] = field(default_factory=list)
     tool_matches: list[str] = field(default_factory=list)
+    quantization: str | None = None
 
     @property
     def id(self) -> str:
@@ -91,7 +93,7 @@ class TokenSample:
             cost_usd=r.cost_usd, turns=[r.turn],
             usage_prompt_tokens=r.prompt_tokens, usage_completion_tokens=r.completion_tokens,
             count_check=exported_count_check(r), repairs=list(r.repairs),
-            tool_matches=list(r.tool_matches),
+            tool_matches=list(r.tool_matches), quantization=r.quantization,
         )
 
 
@@ -129,6 +131,7 @@ def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
                 count_check=_weakest(prev.count_check, s.count_check),
                 repairs=[*prev.repairs, *(x for x in s.repairs if x not in prev.repairs)],
                 tool_matches=s.tool_matches,  # its prompt extends prev's: holds its results
+                quantization=_join(prev.quantization, s.quantization),
             )
         else:
             out.append(s)
@@ -172,6 +175,7 @@ def token_row(s: TokenSample, *, merged: bool) -> dict:
         "usage_prompt_tokens": s.usage_prompt_tokens,
         "usage_completion_tokens": s.usage_completion_tokens,
         "count_check": s.count_check, "repairs": s.repairs, "tool_matches": s.tool_matches,
+        "quantization": s.quantization,
     }
     if merged:
         row["merged_turns"] = s.turns
@@ -191,7 +195,7 @@ def parquet_schema(*, merged: bool):
         ("cost_usd", pa.float64()),
         ("usage_prompt_tokens", pa.int64()), ("usage_completion_tokens", pa.int64()),
         ("count_check", pa.string()), ("repairs", pa.list_(pa.string())),
-        ("tool_matches", pa.list_(pa.string())),
+        ("tool_matches", pa.list_(pa.string())), ("quantization", pa.string()),
     ]
     if merged:
         fields.append(("merged_turns", pa.list_(pa.int32())))

@@ -70,6 +70,11 @@ class Side:
             return "off_by_content", 0  # e.g. a hidden system prompt: every answer mismatches
         return ("stable" if share >= STABLE_SHARE else "unsettled"), offset
 
+    def settled(self) -> bool:
+        """The deltas hold one constant (whatever it is) for most recent answers."""
+        n = len(self.deltas)
+        return n >= WARMUP and self.counts.most_common(1)[0][1] / n >= STABLE_SHARE
+
 
 @dataclass(slots=True)
 class Verdict:
@@ -80,6 +85,9 @@ class Verdict:
     ids: list[int] | None = None  # its completion ids
     prompt_ids: list[int] | None = None  # the prompt the model saw, when a repair found it
     prompt_messages: Any = None  # the history as the serving stack rendered it, then
+    # judged with the provider's completion counting settled (one delta holding for most
+    # recent answers); False while learning it, or while its deltas vary
+    settled: bool = True
 
 
 Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]
@@ -116,6 +124,7 @@ class CountWitness:
             return Verdict("unverified", "no usage counts in the answer")
         cs = self._side(provider, "completion")
         c_state, c_off = cs.state()
+        settled = cs.settled()
         problems: list[str] = []
         fixed_prompt: tuple[list[int], list[str]] | None = None
         if theirs_p is not None:
@@ -154,8 +163,9 @@ class CountWitness:
             else:
                 problems.append(f"completion: ours {completion}, provider {theirs_c} "
                                 f"(expected offset {c_off:+d})")
+        verdict.settled = settled
         if problems:
-            return Verdict("mismatch", "; ".join(problems))
+            return Verdict("mismatch", "; ".join(problems), settled=settled)
         if fixed_prompt is not None:
             ids, names = fixed_prompt
             note = f"prompt: ours {prompt} -> {len(ids)} after {'+'.join(names)}, " \

@@ -49,6 +49,10 @@ class ChatRequest:
     # the request then also serves as the model's `GenRequest`.
     force_raw_tool_call: bool = False
     after_tool_result: bool = False  # the last message is a tool result
+    # Set by the server from the answering provider (GenRequest's fields of the same names).
+    call_rate: float | None = None
+    schema_violation_rate: float = 0.0
+    tools_ignored: bool = False  # quirk tools_ignored: no declaration, no tool parser
 
 
 def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -> ChatRequest:

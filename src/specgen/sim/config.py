@@ -92,6 +92,9 @@ class QuirkRates:
     wrong_model: float = 0.0  # the answer names `wrong_model_slug` as its model
     pad_whitespace: float = 0.0  # content gets "\n\n" after reasoning, "\n" before tool calls
     duplicate_events: float = 0.0  # streams: one content/reasoning event sent twice
+    # the provider drops `tools`: the model sees no declaration, no tool parser runs, and the
+    # calls it still makes come back as raw Kimi marker text in `content`
+    tools_ignored: float = 0.0
 
     def items(self):
         """(name, rate) pairs in declaration order (a dataclass's __dict__ keeps it)."""
@@ -157,6 +160,12 @@ class ProviderConfig:
     # Or the whole of one stack's message preprocessing (render.serving): "vllm" or "sglang"
     # (list content joined, arguments parsed, ...); "" = none.
     serving: str = ""
+    # Quality knobs (docs/sim.md, "Provider quality"): how well this endpoint's model behaves.
+    tool_call_rate: float | None = None  # P(tool calls) when tools are offered; None: [tool_calls]
+    schema_violation_rate: float = 0.0  # share of calls whose arguments break their schema
+    actual_quantization: str = ""  # what it really serves ("" = the declared quantization)
+    actual_quantization_rate: float = 1.0  # share of answers served so (the rest: declared)
+    reveal_quantization: bool = True  # answers name what served them (`quantization` field)
 
     @property
     def counts_exactly(self) -> bool:
@@ -352,6 +361,13 @@ class SimConfig:
                 raise ConfigError(f"{label}: usage_noise must be in [0, 1], got "
                                   f"{p.usage_noise!r}")
             _rates(p.faults, f"providers[{i}].faults", where)
+            for key in ("schema_violation_rate", "actual_quantization_rate"):
+                _rate(getattr(p, key), f"providers[{i}].{key}", where)
+            if p.tool_call_rate is not None:
+                _rate(p.tool_call_rate, f"providers[{i}].tool_call_rate", where)
+            if p.actual_quantization and p.actual_quantization not in QUANTIZATIONS:
+                raise ConfigError(f"{label}: actual_quantization {p.actual_quantization!r} is "
+                                  f"not one of {', '.join(sorted(QUANTIZATIONS))}")
             for name, value in p.quirks.items():
                 _rate(value, f"providers[{i}].quirks.{name}", where)
             unknown_models = set(p.models) - set(self.models)

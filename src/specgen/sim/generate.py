@@ -22,7 +22,7 @@ from ..conversation import AssistantMessage, ToolCall
 from ..render.base import Renderer
 from ..render.kimi import KimiRenderer
 from .config import SimConfig
-from .schema import ArgumentGenerator
+from .schema import ArgumentGenerator, violate
 from .text import TextBank
 
 if TYPE_CHECKING:
@@ -52,6 +52,10 @@ class GenRequest:
     reasoning_max_tokens: int | None = None
     force_raw_tool_call: bool = False  # quirk tool_calls_in_content (request has no tools)
     after_tool_result: bool = False  # the last message is a tool result
+    # The answering provider's model (docs/sim.md, "Provider quality"): its P(tool calls) when
+    # tools are offered (None: [tool_calls]) and the share of calls that break their schema.
+    call_rate: float | None = None
+    schema_violation_rate: float = 0.0
 
 
 @dataclass(slots=True)
@@ -167,15 +171,22 @@ class Model:
             return []
         most = 1 if (forced is not None or not req.parallel_tool_calls) else self.cfg.tool_calls.max_parallel
         calls = []
+        broken = req.schema_violation_rate
         for j in range(self._call_count(most, rng)):
             fn = forced or rng.choice(functions)
             args = self.args.arguments(fn.get("parameters"), rng)
+            if broken and rng.random() < broken:
+                wrong = violate(fn.get("parameters"), args, rng)
+                if wrong is not None:
+                    args = wrong[0]
             calls.append(ToolCall(id=f"functions.{fn['name']}:{k + j}", name=fn["name"],
                                   arguments=json.dumps(args, ensure_ascii=False, separators=seps)))
         return calls
 
     def _call_rate(self, req: GenRequest | ChatRequest) -> float:
         """P(tool calls) for this request: `rate_after_result` right after tool results."""
+        if req.call_rate is not None:  # the answering provider's own trigger rate
+            return req.call_rate
         tc = self.cfg.tool_calls
         if req.after_tool_result and tc.rate_after_result is not None:
             return tc.rate_after_result

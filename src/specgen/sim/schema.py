@@ -128,6 +128,52 @@ class ArgumentGenerator:
         return max(lo, min(hi, round(rng.uniform(lo, hi), 2)))
 
 
+# Kinds of schema violation a model makes, in the order they are tried when several apply.
+VIOLATIONS = ("missing_required", "wrong_type", "bad_enum")
+_WRONG = {"string": 7, "integer": "seven", "number": "seven", "boolean": "yes",
+          "array": "one item", "object": "an object", "null": "none"}
+
+
+def violate(parameters: Any, args: dict[str, Any], rng: random.Random
+            ) -> tuple[dict[str, Any], str] | None:
+    """`args` changed so that they break the function's `parameters` schema at the top level:
+    a required property left out, a property of the wrong type, or an enum property with a
+    value outside its enum; (the arguments, the kind) or None when the schema allows
+    anything (no required, typed or enum property)."""
+    if not isinstance(parameters, dict):
+        return None
+    props = parameters.get("properties") if isinstance(parameters.get("properties"), dict) \
+        else {}
+    required = [r for r in parameters.get("required") or () if isinstance(r, str)]
+    options: list[tuple[str, str]] = []
+    for name in required:
+        options.append(("missing_required", name))
+    for name, sub in props.items():
+        if isinstance(sub, dict) and "$ref" in sub:
+            sub = _resolve_ref(parameters, sub["$ref"])
+        if not isinstance(sub, dict):
+            continue
+        if isinstance(sub.get("enum"), list) and sub["enum"]:
+            options.append(("bad_enum", name))
+        elif isinstance(sub.get("type"), str) and sub["type"] in _WRONG:
+            options.append(("wrong_type", name))
+    if not options:
+        return None
+    kind, name = rng.choice(options)
+    out = dict(args)
+    if kind == "missing_required":
+        out.pop(name, None)
+    elif kind == "bad_enum":
+        enum = props[name].get("enum") if isinstance(props[name], dict) else None
+        out[name] = "not-" + "-".join(str(v) for v in (enum or ["any"]))[:40]
+    else:
+        sub = props[name]
+        if "$ref" in sub:
+            sub = _resolve_ref(parameters, sub["$ref"])
+        out[name] = _WRONG[sub["type"]]
+    return out, kind
+
+
 def _resolve_ref(root: dict, ref: Any) -> Any:
     if not isinstance(ref, str) or not ref.startswith("#/"):
         return None

@@ -108,6 +108,7 @@ class _Endpoint:
 
 _NO_QUIRKS: frozenset[str] = frozenset()
 _WRONG_MODEL = frozenset({"wrong_model"})
+_TOOLS_IGNORED = frozenset({"tools_ignored"})
 # Platform rate-limit headers of every 429 (X-RateLimit-Reset is set when it is sent).
 _RATE_LIMIT_HEADERS = {"X-RateLimit-Limit": "200", "X-RateLimit-Remaining": "0"}
 
@@ -496,6 +497,8 @@ class Simulator:
                    if provider.serving else reserialized_history(req.messages))
             if alt is not None:
                 prompt_ids = array("I", renderer.prompt_ids(alt, req.tools))
+        req.call_rate = provider.tool_call_rate
+        req.schema_violation_rate = provider.schema_violation_rate
         if fault in HTTP_FAULTS:
             ps["failed"] += 1
             ctx.fault = fault
@@ -512,8 +515,20 @@ class Simulator:
                 quirks = quirks - _WRONG_MODEL
                 model = cfg.wrong_model_slug
                 ctx.wrong_model = True
+            if "tools_ignored" in quirks:
+                quirks = quirks - _TOOLS_IGNORED
+                if req.tools:  # the model sees no declaration; no tool parser runs
+                    req.tools_ignored = True
+                    history = (reserialized_history(req.messages) if provider.rerenders_history
+                               else None) or req.messages
+                    prompt_ids = array("I", renderer.prompt_ids(history, None))
         else:
             quirks = _NO_QUIRKS
+        ctx.quantization = None
+        if provider.actual_quantization:  # what really serves it: the declared one, or not
+            rate = provider.actual_quantization_rate
+            ctx.quantization = (provider.actual_quantization
+                                if rate >= 1.0 or rng.random() < rate else provider.quantization)
         now = time.time()
         gen_id = f"gen-{int(now)}-{rng.getrandbits(64):016x}"
         del rng  # nothing more is drawn before the answer: hold no state while waiting
@@ -577,11 +592,14 @@ class Simulator:
                                                   exclude_reasoning=req.exclude_reasoning)
         else:
             ctx.served = self._serve(gen, max_tokens=max_tokens, stop=req.stop,
-                                     has_tools=bool(req.tools), quirks=ctx.quirks,
+                                     has_tools=bool(req.tools) and not req.tools_ignored,
+                                     quirks=ctx.quirks,
                                      exclude_reasoning=req.exclude_reasoning, rng=rng)
         ctx.resegmented = gen.resegmented
         if ctx.wrong_model:
             ctx.served.quirks = sorted([*ctx.served.quirks, "wrong_model"])
+        if req.tools_ignored:
+            ctx.served.quirks = sorted([*ctx.served.quirks, "tools_ignored"])
         ctx.usage = self._usage(provider, n_prompt, ctx.served, rng)
         ctx.draw = rng.random()  # where a failing answer breaks off, which error shape
 
@@ -657,6 +675,9 @@ class Simulator:
         # what the provider reported.
         self.stats.add_completion(name, len(ctx.prompt_ids), len(served.ids),
                                   served.reasoning_tokens, cost, served.quirks, ctx.resegmented)
+        if ctx.quantization:
+            served_by = self.stats.provider(name).setdefault("quantizations", {})
+            served_by[ctx.quantization] = served_by.get(ctx.quantization, 0) + 1
         # Kept slim (the JSON is built only if someone asks): no messages, no ids.
         # Atomic values only: the garbage collector then stops tracking the tuple.
         generations = self.generations
@@ -696,6 +717,8 @@ class Simulator:
             "object": "chat.completion", "created": ctx.created, "choices": [choice],
             "system_fingerprint": None, "usage": ctx.usage,
         }
+        if ctx.quantization and ctx.provider.reveal_quantization:
+            body["quantization"] = ctx.quantization
         if ctx.req.want_ids:
             body["prompt_token_ids"] = ctx.prompt_ids.tolist()
             choice["token_ids"] = served.ids
@@ -704,7 +727,8 @@ class Simulator:
 
     def _sim_info(self, ctx: _Ctx, served: Served) -> dict[str, Any]:
         return {"quirks": served.quirks, "resegmented": ctx.resegmented,
-                "provider_tag": ctx.provider.tag, "fault": ctx.fault}
+                "provider_tag": ctx.provider.tag, "fault": ctx.fault,
+                "quantization": ctx.quantization or ctx.provider.quantization}
 
     def _complete(self, ctx: _Ctx) -> None:
         """Send the non-stream answer (or the fault that breaks it)."""
@@ -757,7 +781,7 @@ class Simulator:
         half = max(1, len(s.ids) // 2)
         return self.serving.serve(s.ids, start_in_reasoning=ctx.req.thinking and self.renderers[
             ctx.req.thinking].prompt_opens_think, stop_ids=self._stop_ids,
-            max_tokens=half, has_tools=bool(ctx.req.tools))
+            max_tokens=half, has_tools=bool(ctx.req.tools) and not ctx.req.tools_ignored)
 
     # -- stream ---------------------------------------------------------------------------
     async def _stream(self, ctx: _Ctx) -> None:
@@ -816,9 +840,12 @@ class Simulator:
                                   "native_finish_reason": finish, "logprobs": None}
         if token_ids is not None:
             choice["token_ids"] = token_ids
-        return {"id": ctx.gen_id, "provider": ctx.provider.name,
-                "model": ctx.model, "object": "chat.completion.chunk",
-                "created": ctx.created, "choices": [choice]}
+        chunk = {"id": ctx.gen_id, "provider": ctx.provider.name,
+                 "model": ctx.model, "object": "chat.completion.chunk",
+                 "created": ctx.created, "choices": [choice]}
+        if ctx.quantization and ctx.provider.reveal_quantization:
+            chunk["quantization"] = ctx.quantization
+        return chunk
 
     def _events(self, ctx: _Ctx) -> list[tuple[bytes, int]]:
         """Every SSE event of the answer (after the keep-alives), with its token count."""
@@ -851,6 +878,8 @@ class Simulator:
         usage = {"id": ctx.gen_id, "provider": ctx.provider.name,
                  "model": ctx.model, "object": "chat.completion.chunk",
                  "created": ctx.created, "choices": [], "usage": ctx.usage}
+        if ctx.quantization and ctx.provider.reveal_quantization:
+            usage["quantization"] = ctx.quantization
         if want:
             usage["specgen_sim"] = self._sim_info(ctx, served)
         events.append((_event(usage), 0))
@@ -863,7 +892,7 @@ class _Ctx:
     __slots__ = ("sim", "request", "finished", "step", "task", "error", "req", "provider",
                  "quirks", "served", "usage", "prompt_ids", "resegmented", "answer_key",
                  "content_key", "draw", "gen_id", "created", "latency", "fault", "model",
-                 "weight", "wrong_model")
+                 "weight", "wrong_model", "quantization")
 
     def __init__(self, sim: Simulator, request: Request):
         self.sim = sim
@@ -880,6 +909,7 @@ class _Ctx:
         self.draw = 0.0
         self.weight = 0.0  # in-flight budget weight held (USD), released by _finish
         self.wrong_model = False
+        self.quantization: str | None = None  # what served it, when not simply the declared
 
     def lost(self) -> None:
         self.sim._lost(self)

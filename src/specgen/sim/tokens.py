@@ -225,7 +225,9 @@ class TokenEndpoints:
         content = answer if req.seed is None else HashRandom(self._content_key(req))
         gen = sim.model.generate(GenRequest(
             messages=[], tools=info.tools, thinking=info.thinking,
-            prior_tool_calls=info.prior_tool_calls, history_tool=info.history_tool), content)
+            prior_tool_calls=info.prior_tool_calls, history_tool=info.history_tool,
+            call_rate=provider.tool_call_rate,
+            schema_violation_rate=provider.schema_violation_rate), content)
         max_tokens = min(provider.max_completion_tokens if req.max_tokens is None
                          else req.max_tokens, provider.max_completion_tokens,
                          provider.context_length - n_prompt)

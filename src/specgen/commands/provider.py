@@ -1,0 +1,73 @@
+"""`specgen provider RUN_DIR [--exclude NAME | --allow NAME]`: take a provider out of a run, or
+put one back (a running run picks it up within a second; a stopped one at its next start)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "provider", help="exclude a provider from a run, or allow an excluded one back",
+        description="Without an option: list the providers the run excludes (by quality "
+                    "policing or by hand). --exclude NAME adds a provider to the requests' "
+                    "provider.ignore from now on; --allow NAME puts an excluded one back. "
+                    "Works on a running run (like `specgen stop`) and on a stopped one (the "
+                    "next run keeps the change).")
+    p.add_argument("run_dir", help="the run dir (or the run's TOML config)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--exclude", metavar="NAME", help="provider name or slug to leave out")
+    group.add_argument("--allow", metavar="NAME", help="excluded provider to put back")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="how long to wait for a running run to take the request (default 10)")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
+    from ..engine.control import RunLockedError
+    from ..engine.providers import apply_offline, write_request
+    from ..engine.status import run_status
+    from ..store import StoreError
+    from .status import resolve_run_dir
+
+    try:
+        run_dir = resolve_run_dir(args.run_dir)
+        status = run_status(run_dir)
+    except (StoreError, ConfigError) as exc:
+        print(f"specgen provider: {exc}", file=sys.stderr)
+        return 2
+    if not (args.exclude or args.allow):
+        excluded = status.get("excluded_providers") or {}
+        if not excluded:
+            print(f"{run_dir}: no provider is excluded")
+        for name, info in excluded.items():
+            print(f"{name}: excluded ({info.get('by', '?')}) — {info.get('reason', '')}")
+        return 0
+    action, name = ("exclude", args.exclude) if args.exclude else ("allow", args.allow)
+    name = name.strip()
+    if not name:
+        print("specgen provider: the provider name is empty", file=sys.stderr)
+        return 2
+    if status["state"] != "running":
+        try:
+            print(apply_offline(run_dir, action, name))
+            return 0
+        except RunLockedError:
+            pass  # a run just started: ask it as a running run
+        except StoreError as exc:
+            print(f"specgen provider: {exc}", file=sys.stderr)
+            return 2
+    path = write_request(run_dir, action, name)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if not path.exists():
+            print(f"the running run (pid {status.get('pid')}) took it: {name!r} "
+                  + ("excluded" if action == "exclude" else "allowed back (if it was excluded)"))
+            return 0
+        time.sleep(0.1)
+    print(f"specgen provider: the run has not taken the request after {args.timeout:g}s; it "
+          f"stays in {path} and is applied when the run next polls or starts", file=sys.stderr)
+    return 1

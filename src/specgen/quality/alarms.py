@@ -1,0 +1,184 @@
+"""Alarms: per dataset, shares over a rolling window of its answers that say the semantics are
+wrong, so the run stops (or pauses the dataset) before more budget goes.
+
+Each alarm has a threshold and a minimum number of relevant answers, counted from the first
+answers on (`[quality] alarms`; defaults in `ALARMS`). `DatasetAlarms.observe` is the one entry
+point: it counts an answer and returns an `Alarm` the first time one fires for its dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .observe import OWN_FIGURE, SCHEMA_FAILURES, Observation, Rolling
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmRule:
+    name: str
+    threshold: float
+    min_samples: int
+    below: bool  # fires when the share falls below the threshold (else: rises above it)
+    what: str  # what the share counts, for messages
+
+
+# name -> (default threshold, default min samples, fires below?, what the share counts)
+ALARMS: dict[str, tuple[float, int, bool, str]] = {
+    "raw_markers": (0.2, 20, False, "answers with raw tool-call markers in content or "
+                                    "reasoning"),
+    "tool_calls": (0.02, 50, True, "answers to requests offering tools (not right after "
+                                   "tool results) that call one"),
+    "schema_mismatch": (0.2, 20, False, "answers with tool calls whose calls do not fit the "
+                                        "declared schemas"),
+    "count_mismatch": (0.2, 20, False, "judged answers whose provider counts contradict "
+                                       "the sample"),
+    "quarantine": (0.3, 20, False, "answers quarantined for a reason no other alarm watches"),
+    "empty": (0.2, 20, False, "empty answers"),
+    "length": (0.5, 20, False, "answers cut at max_tokens (finish_reason length)"),
+}
+ACTIONS = ("stop", "pause_dataset", "warn")
+
+
+def alarm_rules(spec: Any, where: str = "config") -> dict[str, AlarmRule]:
+    """The alarm rules of `[quality] alarms`: `false` turns every alarm off; a table maps an
+    alarm name to a threshold, `false` (off), or `{threshold, min_samples}`. Unlisted alarms
+    keep their defaults. Raises ConfigError naming the key."""
+    from ..config import ConfigError
+
+    if spec is False:
+        return {}
+    if spec is True or spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: quality.alarms must be a table or false, got {spec!r}")
+    unknown = sorted(set(spec) - set(ALARMS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown alarm(s) in quality.alarms: {', '.join(unknown)} "
+                          f"(known: {', '.join(ALARMS)})")
+    rules = {}
+    for name, (threshold, min_samples, below, what) in ALARMS.items():
+        value = spec.get(name, threshold)
+        key = f"quality.alarms.{name}"
+        if value is False:
+            continue
+        if isinstance(value, dict):
+            extra = sorted(set(value) - {"threshold", "min_samples"})
+            if extra:
+                raise ConfigError(f"{where}: {key} has unknown key(s) {', '.join(extra)} "
+                                  "(known: threshold, min_samples)")
+            threshold = value.get("threshold", threshold)
+            min_samples = value.get("min_samples", min_samples)
+        else:
+            threshold = value
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) \
+                or not 0.0 <= threshold <= 1.0:
+            raise ConfigError(f"{where}: {key} threshold must be a share in [0, 1] (or false "
+                              f"to turn the alarm off), got {threshold!r}")
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+            raise ConfigError(f"{where}: {key}.min_samples must be an integer >= 1, got "
+                              f"{min_samples!r}")
+        rules[name] = AlarmRule(name, float(threshold), min_samples, below, what)
+    return rules
+
+
+@dataclass(slots=True)
+class Alarm:
+    """An alarm fired on a dataset: `share` of `samples` answers (threshold, examples)."""
+
+    dataset: str
+    rule: AlarmRule
+    share: float
+    samples: int
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+    @property
+    def message(self) -> str:
+        r = self.rule
+        sign = "<" if r.below else ">"
+        ex = ", ".join(f"task {e['task']} ({e['provider']})" for e in self.examples)
+        why = ", ".join(f"{k} {v}" for k, v in self.reasons.items())
+        return (f"alarm {r.name} on dataset {self.dataset!r}: {100 * self.share:.0f}% of the "
+                f"last {self.samples} {r.what} ({sign} {100 * r.threshold:g}% after "
+                f"{r.min_samples})" + (f" [{why}]" if why else "")
+                + (f"; examples: {ex}" if ex else ""))
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.rule
+        return {"alarm": r.name, "dataset": self.dataset, "share": round(self.share, 4),
+                "samples": self.samples, "threshold": r.threshold, "below": r.below,
+                "min_samples": r.min_samples, "examples": self.examples,
+                "reasons": self.reasons}
+
+
+def _relevant(name: str, o: Observation) -> bool | None:
+    """None when the answer does not count for this alarm, else whether it is a hit (for a
+    `below` alarm: a miss, an answer without what should be there)."""
+    if o.outcome == "rejected":
+        return None
+    quarantined = o.outcome == "quarantined"
+    if name == "raw_markers":
+        return o.raw_markers
+    if name == "tool_calls":
+        return (not o.calls) if o.tools_offered and not o.after_tool_result else None
+    if name == "schema_mismatch":
+        if not o.calls or (quarantined and not o.tools_offered):
+            return None
+        return quarantined and o.reason in SCHEMA_FAILURES
+    if name == "count_mismatch":
+        return None if o.count_check is None else o.count_check == "mismatch"
+    if name == "quarantine":
+        return quarantined and o.reason not in OWN_FIGURE
+    if name == "empty":
+        return quarantined and o.reason == "empty"
+    if name == "length":
+        return o.truncated or (quarantined and o.reason == "length")
+    return None
+
+
+class DatasetAlarms:
+    """Rolling shares per dataset and alarm; each alarm fires at most once per dataset."""
+
+    def __init__(self, rules: dict[str, AlarmRule], window: int):
+        self.rules = rules
+        self.window = window
+        self.shares: dict[str, dict[str, Rolling]] = {}
+        self.fired: dict[str, list[str]] = {}  # dataset -> alarms fired
+
+    def observe(self, o: Observation) -> Alarm | None:
+        """Count one answer of its dataset; the first alarm that fires, if any."""
+        if not self.rules:
+            return None
+        shares = self.shares.get(o.dataset)
+        if shares is None:
+            shares = self.shares[o.dataset] = {n: Rolling(self.window) for n in self.rules}
+        fired = self.fired.setdefault(o.dataset, [])
+        found = None
+        for name, rule in self.rules.items():
+            hit = _relevant(name, o)
+            if hit is None:
+                continue
+            rolling = shares[name]
+            rolling.add(hit, o.task, o.provider, o.reason if hit else None)
+            if found is not None or name in fired or rolling.n < rule.min_samples:
+                continue
+            share = 1.0 - rolling.share if rule.below else rolling.share
+            if (share < rule.threshold) if rule.below else (share > rule.threshold):
+                fired.append(name)
+                found = Alarm(o.dataset, rule, share, rolling.n, rolling.examples(),
+                              rolling.window_labels())
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for ds, shares in sorted(self.shares.items()):
+            out[ds] = {n: {**r.to_json(), "threshold": self.rules[n].threshold,
+                           "below": self.rules[n].below} for n, r in shares.items() if r.n}
+            if self.fired.get(ds):
+                out[ds]["fired"] = list(self.fired[ds])
+        return out
