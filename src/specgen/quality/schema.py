@@ -20,12 +20,17 @@ def schema_problem(arguments: Any, parameters: Any) -> str | None:
     """Why `arguments` (parsed JSON) do not fit the tool's `parameters` schema, or None."""
     if not isinstance(parameters, dict) or not parameters:
         return None
-    try:
-        key = orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        return None  # not plain JSON data: nothing to judge with
-    validator = _validator(key)
-    if validator is None:
+    validator = _recent.get(id(parameters))
+    if validator is None or validator[0] is not parameters:
+        try:
+            key = orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
+        except TypeError:
+            return None  # not plain JSON data: nothing to judge with
+        if len(_recent) > 1024:
+            _recent.clear()
+        validator = _recent[id(parameters)] = (parameters, _validator(key))
+    validator = validator[1]
+    if validator is None or validator.is_valid(arguments):
         return None
     import jsonschema
 
@@ -33,6 +38,12 @@ def schema_problem(arguments: Any, parameters: Any) -> str | None:
     if error is None:
         return None
     return f"{_path(error.absolute_path)}: {_short(error.message)}"
+
+
+# The validator of the schema objects seen last, by identity (the same tools object serves a
+# whole conversation, often a whole dataset): no re-serialising to find it. The entry keeps
+# the object alive, so an id is never reused while it is here.
+_recent: dict[int, tuple[Any, Any]] = {}
 
 
 @lru_cache(maxsize=256)
