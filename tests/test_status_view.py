@@ -11,7 +11,7 @@ from rich.console import Console
 
 from specgen.config import load_config
 from specgen.engine.budget import Budget, Prices
-from specgen.engine.live import LiveView, progress_line, snapshot
+from specgen.engine.live import LiveView, progress_line, rows_text, snapshot
 from specgen.engine.policy import ProviderPolicy
 from specgen.engine.runner import RunOptions, run
 from specgen.engine.scheduler import Engine
@@ -68,10 +68,14 @@ def test_live_view_and_progress_line_render(finished_run):
 
     _, cfg = finished_run
     eng = asyncio.run(_engine(cfg))
+    assert eng.row_counters["a"].done.wait(10)  # counted in the background: 12 rows
     snap = snapshot(eng)
-    assert snap["datasets"][0]["done"] == 10 and snap["datasets"][0]["fraction"] == 1.0
+    d = snap["datasets"][0]
+    assert d["done"] == 10 and d["fraction"] == 1.0 and d["progress"] == "10/10 req"
+    assert d["rows_total"] == 12 and rows_text(d) == "10/12"
+    assert snap["eta_s"] == 0.0  # nothing left (without that: none until a rate is known)
     line = progress_line(eng)
-    assert "a: 10 done 0 failed 0 pending [limit_reached]" in line
+    assert "a: tasks 10 done 0 failed 0 pending, 10/10 req [limit_reached]" in line
     assert "(reported; no prices known)" in line
     buf = io.StringIO()
     view = LiveView(eng, console=Console(file=buf, force_terminal=True, width=200))

@@ -57,6 +57,12 @@ def print_status(s: dict) -> None:
     head += f"  cost [green]${s['cost_usd']:.4f}{cap}[/green]"
     if s.get("concurrency") is not None:
         head += f"  in flight {s.get('in_flight')} (limit {s['concurrency']})"
+    progress = (s.get("live") or {}).get("progress") or {}
+    if progress.get("eta_s") is not None:
+        from ..engine.progress import fmt_duration
+
+        head += (f"  ETA {'≥' if progress.get('eta_lower_bound') else ''}"
+                 f"{fmt_duration(progress['eta_s'])}")
     console.print(head)
     if s.get("concurrency_reason"):
         console.print(f"  limit below the configured concurrency: {s['concurrency_reason']}")
@@ -70,14 +76,16 @@ def print_status(s: dict) -> None:
     if s["stop_reason"]:
         console.print(f"  {s['stop_reason']}")
     t = Table(box=None, header_style="bold")
+    plans = progress.get("datasets") or {}
     for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending", "rows read",
-                "prompt tok", "compl. tok", "cost $"):
+                "prompt tok", "compl. tok", "cost $", *(("progress",) if plans else ())):
         t.add_column(col, justify="left" if col in ("dataset", "state") else "right")
     for name, d in s["datasets"].items():
         t.add_row(name, d["state"], str(d["done"]), str(d["total"]), str(d["failed"]),
                   str(d["quarantined"]), str(d["pending"]), str(d["rows_read"]),
                   f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
-                  f"{d['cost_usd']:.4f}")
+                  f"{d['cost_usd']:.4f}",
+                  *(((plans.get(name) or {}).get("label", "-"),) if plans else ()))
     console.print(t)
     from ..engine.status import conversation_lines
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .progress import fmt_duration
 from .scheduler import Engine
 
 _SHORT = {"exact": "exact", "repaired": "rep", "unverified": "unv", "mismatch": "MISMATCH",
@@ -23,13 +24,20 @@ def _fmt_int(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _fmt_eta(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds or seconds < 0 or seconds > 86400 * 365:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+def eta_text(s: dict[str, Any]) -> str | None:
+    """`ETA 3m05s` (`ETA ≥3m05s` when a dataset's size is a lower bound); None until the
+    recent completion rate is meaningful."""
+    if s["eta_s"] is None:
+        return None
+    return f"ETA {'≥' if s.get('eta_lower_bound') else ''}{fmt_duration(s['eta_s'])}"
+
+
+def rows_text(d: dict[str, Any]) -> str:
+    """Rows read of the source's rows: `1.2k/31.0k`, `120/≥120` while its size is unknown."""
+    total = d.get("rows_total")
+    if total is None:
+        return f"{_fmt_int(d['rows_read'])}/≥{_fmt_int(d['rows_read'])}"
+    return f"{_fmt_int(d['rows_read'])}/{_fmt_int(total)}"
 
 
 def snapshot(engine: Engine) -> dict[str, Any]:
@@ -37,41 +45,25 @@ def snapshot(engine: Engine) -> dict[str, Any]:
     st = engine.stats
     rps, tps = st.rate.rates()
     b = engine.budget
+    progress = engine.progress()
     datasets = []
     for ds in engine.datasets:
         spend = b.datasets[ds.name]
         t = ds.tasks
         done, failed, quar = t.get("done", 0), t.get("failed", 0), t.get("quarantined", 0)
         pending = t.get("pending", 0)
-        total = done + failed + quar + pending
-        # Progress: against the budget, the limit, or (once the source is read) the tasks.
-        frac = None
-        if spend.token_budget:
-            frac = spend.completion_tokens / spend.token_budget
-        if ds.cfg.limit:
-            convs_done = ds.conversations - ds.open
-            f2 = (convs_done + ds.rows_other_shard) / ds.cfg.limit
-            frac = f2 if frac is None else max(frac, f2)
-        if ds.exhausted and total:
-            f3 = (total - pending) / total
-            frac = f3 if frac is None else max(frac, f3)
+        pl = progress["plans"][ds.name]
         datasets.append({
             "name": ds.name, "state": ds.state, "done": done, "failed": failed,
-            "quarantined": quar, "pending": pending, "total": total,
+            "quarantined": quar, "pending": pending, "total": done + failed + quar + pending,
             "in_flight": ds.in_flight, "rows_read": ds.rows_read,
+            "rows_total": progress["rows_total"][ds.name],
             "completion_tokens": spend.completion_tokens, "prompt_tokens": spend.prompt_tokens,
-            "cost_usd": spend.cost_usd, "fraction": min(frac, 1.0) if frac is not None else None,
+            "cost_usd": spend.cost_usd, "fraction": pl.fraction, "basis": pl.basis,
+            "planned": pl.requests, "planned_kind": pl.kind, "progress": pl.label(),
             "token_budget": spend.token_budget, "limit": ds.cfg.limit,
         })
-    # ETA of the dataset being worked on: remaining fraction at the current request rate.
-    eta = None
-    active = [d for d in datasets if d["state"] == "active" and d["fraction"] is not None]
-    if active and rps > 0 and st.answers:
-        d = active[0]
-        done_now = max(d["done"], 1)
-        if d["fraction"] and d["fraction"] > 0:
-            remaining = done_now / d["fraction"] - done_now
-            eta = remaining / rps
+    eta = progress["eta_s"]
     return {
         "elapsed": time.monotonic() - st.started,
         "state": engine.final_state or (
@@ -85,6 +77,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "cost_usd": b.cost_usd, "max_cost_usd": b.max_cost_usd,
         "prices": b.prices.source, "errors": dict(st.errors), "datasets": datasets,
         "providers": {k: v.to_json() for k, v in st.providers.items()}, "eta_s": eta,
+        "eta_lower_bound": progress["eta_lower_bound"],
         "rejections": dict(st.rejections), "quarantines": dict(st.quarantines),
     }
 
@@ -101,12 +94,12 @@ def progress_line(engine: Engine) -> str:
                                             if s["prices"] == "unknown" and cap else ""),
     ]
     for d in s["datasets"]:
-        parts.append(f"{d['name']}: {d['done']} done {d['failed']} failed "
-                     f"{d['pending']} pending [{d['state']}]")
+        parts.append(f"{d['name']}: tasks {d['done']:,} done {d['failed']:,} failed "
+                     f"{d['pending']:,} pending, {d['progress']} [{d['state']}]")
     if s["errors"]:
         parts.append("errors " + " ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())))
-    if s["eta_s"] is not None:
-        parts.append(f"ETA {_fmt_eta(s['eta_s'])}")
+    if eta_text(s):
+        parts.append(eta_text(s))
     if s["store_problem"]:
         sp = s["store_problem"]
         parts.append(f"STORE: {sp['message']}: {sp['held_answers']} answers held; free space "
@@ -152,25 +145,25 @@ class LiveView:
         price_note = "  (cost as reported: no prices known)" if s["prices"] == "unknown" else ""
         head = Text.assemble(
             ("specgen run ", "bold"), (f"[{s['state']}]  ", "cyan"),
-            f"elapsed {_fmt_eta(s['elapsed'])}  ",
+            f"elapsed {fmt_duration(s['elapsed'])}  ",
             f"in flight {s['in_flight']} (limit {s['limit']}/{s['max_concurrency']}"
             + (f", {s['backoffs']} backoffs" if s["backoffs"] else "") + ")  ",
             f"retrying {s['retrying']}  ",
             f"{s['rps']:.1f} req/s  {_fmt_int(s['tps'])} tok/s  ",
             (f"${s['cost_usd']:.4f}{cap}", "green"), price_note,
-            f"  ETA {_fmt_eta(s['eta_s'])}",
+            f"  {eta_text(s)}" if eta_text(s) else "",
         )
         dt = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending",
+        for col in ("dataset", "state", "done", "failed", "quar.", "pending",
                     "in flight", "rows", "prompt tok", "compl. tok", "cost $", "progress"):
             dt.add_column(col, justify="left" if col in ("dataset", "state") else "right")
         for d in s["datasets"]:
             budget = f"/{_fmt_int(d['token_budget'])}" if d["token_budget"] else ""
-            frac = f"{100 * d['fraction']:.0f}%" if d["fraction"] is not None else "-"
-            dt.add_row(d["name"], d["state"], str(d["done"]), str(d["total"]), str(d["failed"]),
-                       str(d["quarantined"]), str(d["pending"]), str(d["in_flight"]),
-                       _fmt_int(d["rows_read"]), _fmt_int(d["prompt_tokens"]),
-                       _fmt_int(d["completion_tokens"]) + budget, f"{d['cost_usd']:.4f}", frac)
+            dt.add_row(d["name"], d["state"], f"{d['done']:,}", f"{d['failed']:,}",
+                       f"{d['quarantined']:,}", f"{d['pending']:,}", f"{d['in_flight']:,}",
+                       rows_text(d), _fmt_int(d["prompt_tokens"]),
+                       _fmt_int(d["completion_tokens"]) + budget, f"{d['cost_usd']:.4f}",
+                       d["progress"])
         parts: list[Any] = [head]
         if s["limit_reason"]:
             parts.append(Text(f"limit {s['limit']} of {s['max_concurrency']}: "

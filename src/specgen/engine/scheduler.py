@@ -40,6 +40,15 @@ from .model_check import ModelCheck
 from .outage import EndpointHealth
 from .outcome import Outcome, decide
 from .policy import ProviderPolicy
+from .progress import (
+    EtaEstimator,
+    RowCounter,
+    dataset_figures,
+    plan,
+    rows_total,
+    run_eta,
+    tasks_of_closed,
+)
 from .retry import RetryPolicy
 from .shard import Shard
 from .stages import Stages
@@ -108,6 +117,8 @@ class Engine:
         self.store_guard = StoreGuard(self.writer, store, ballast=ballast,
                                       timeout=cfg.engine.store_error_timeout)
         self.stats = RunStats()
+        self.eta = EtaEstimator()  # fed the tasks ended so far at every tick
+        self.row_counters: dict[str, RowCounter] = {}  # dataset -> its source's row count
         self.datasets: list[DsRun] = []
         self.by_name: dict[str, DsRun] = {}
         self.weighted = any(d.weight is not None for d in cfg.datasets)
@@ -187,6 +198,16 @@ class Engine:
             self._advance(conv, known_tasks=store.tasks_of(cid))
         for ds in self.datasets:
             self._refresh_state(ds)
+            self.row_counters[ds.name] = RowCounter(ds.cfg.path, ds.cfg.split)
+
+    def progress(self) -> dict[str, Any]:
+        """Planned requests and progress per dataset, and the ETA over all of them."""
+        plans = {ds.name: plan(dataset_figures(ds, self.budget.datasets[ds.name], rows_total(
+            ds, self.row_counters.get(ds.name)))) for ds in self.datasets}
+        eta, lower = run_eta(list(plans.values()), self.eta)
+        return {"plans": plans, "eta_s": eta, "eta_lower_bound": lower,
+                "rows_total": {ds.name: rows_total(ds, self.row_counters.get(ds.name))
+                               for ds in self.datasets}}
 
     # ---------------------------------------------------------------------------------------
     # admission
@@ -407,6 +428,8 @@ class Engine:
         self.writer.batch.conv_status[c.id] = (status, reason)
         ds.open -= 1
         self.open_convs -= 1
+        ds.closed_convs += 1
+        ds.closed_tasks += tasks_of_closed(len(c.answers), status, reason)
         self._refresh_state(ds)
 
     def _set_status(self, c: Conv, status: str) -> None:
@@ -1064,6 +1087,20 @@ class Engine:
             "providers": {k: v.to_json() for k, v in self.stats.providers.items()},
             "prices": self.budget.prices.to_json(),
             "reserved_cost_usd": round(self.budget.reserved_cost, 6),
+            "progress": self.progress_json(),
+        }
+
+    def progress_json(self) -> dict[str, Any]:
+        """`progress()` for live.json: per dataset and the ETA (docs/engine.md, "Status")."""
+        p = self.progress()
+        return {
+            "eta_s": None if p["eta_s"] is None else round(p["eta_s"], 1),
+            "eta_lower_bound": p["eta_lower_bound"],
+            "datasets": {name: {
+                "planned_requests": round(pl.requests), "planned": pl.kind,
+                "fraction": None if pl.fraction is None else round(pl.fraction, 4),
+                "basis": pl.basis, "label": pl.label(), "rows_total": p["rows_total"][name],
+            } for name, pl in p["plans"].items()},
         }
 
     def concurrency(self) -> tuple[int, str | None]:
@@ -1124,6 +1161,8 @@ class Engine:
             now = time.monotonic()
             self._poll_control()
             self.stats.tick()
+            self.eta.sample(sum(ds.tasks.get("done", 0) + ds.tasks.get("failed", 0)
+                                + ds.tasks.get("quarantined", 0) for ds in self.datasets))
             if now - last_beat >= eng.heartbeat_interval:
                 last_beat = now
                 self.writer.batch.session = (time.time(), "running", None, None, self.session_id)
