@@ -54,6 +54,10 @@ def test_quickstart_runs_and_samples_are_exact(quickstart):
         rows = list(s.iter_results())
     assert any(r.request.get("tools") for r in rows if r.dataset == "glaive_tools")
     assert all(r.input_ids == r.true_prompt_ids + r.true_completion_ids for r in rows)
+    with Store.open(cfg.run_dir) as s:  # streamed: the first token after the headers
+        times = s.conn.execute("SELECT started_at, first_byte_at, first_token_at, ended_at "
+                               "FROM attempts WHERE outcome = 'ok'").fetchall()
+    assert times and all(a <= b <= c <= d for a, b, c, d in times)
 
 
 def test_quickstart_tool_loops_reuse_results_by_name(quickstart):

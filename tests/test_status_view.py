@@ -84,3 +84,13 @@ def test_live_view_and_progress_line_render(finished_run):
         view.update(force=True)
     text = buf.getvalue()
     assert "limit_reached" in text and "Moonshot AI" in text and "$" in text
+
+
+def test_conversations_that_ended_early_are_named_with_their_reasons():
+    from specgen.engine.status import conversation_lines
+
+    lines = conversation_lines({"conversations": {"done": 20, "ended": 11},
+                                "end_reasons": {"tool_count_mismatch": 9,
+                                                "quarantined:empty": 2}})
+    assert lines[0] == ("conversations: done 20, ended early 11 (ended early: "
+                        "tool_count_mismatch 9, quarantined:empty 2)")

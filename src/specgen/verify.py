@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from .conversation import AssistantMessage
+from .display import UNKNOWN_PROVIDER
 from .export.snapshot import read_snapshot
 from .store import ResultRow, decode_result_row
 
@@ -142,7 +143,7 @@ class VerifyReport:
     providers: dict[tuple[str, str | None], ProviderCheck] = field(default_factory=dict)
 
     def provider(self, name: str | None, base_url: str | None) -> ProviderCheck:
-        key = (name or "(unknown)", base_url)
+        key = (name or UNKNOWN_PROVIDER, base_url)
         if key not in self.providers:
             self.providers[key] = ProviderCheck(*key)
         return self.providers[key]

@@ -66,8 +66,9 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
 
     print(f"run {state}: {reason}")
     for name, d in status["datasets"].items():
-        print(f"  {name} [{d['state']}]: {d['done']} done, {d['failed']} failed, "
-              f"{d['quarantined']} quarantined, {d['pending']} pending; "
+        print(f"  {name} [{d['state']}]: tasks {d['done']:,} done, {d['failed']:,} failed, "
+              f"{d['quarantined']:,} quarantined, {d['pending']:,} pending "
+              f"({d['attempts']:,} attempts); "
               f"{d['completion_tokens']:,} completion tokens, ${d['cost_usd']:.4f}")
         for line in conversation_lines(d):
             print(f"    {line}")

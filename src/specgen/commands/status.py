@@ -77,12 +77,14 @@ def print_status(s: dict) -> None:
         console.print(f"  {s['stop_reason']}")
     t = Table(box=None, header_style="bold")
     plans = progress.get("datasets") or {}
-    for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending", "rows read",
-                "prompt tok", "compl. tok", "cost $", *(("progress",) if plans else ())):
+    for col in ("dataset", "state", "tasks done", "failed", "quar.", "pending", "attempts",
+                "rows read", "prompt tok", "compl. tok", "cost $",
+                *(("progress",) if plans else ())):
         t.add_column(col, justify="left" if col in ("dataset", "state") else "right")
     for name, d in s["datasets"].items():
-        t.add_row(name, d["state"], str(d["done"]), str(d["total"]), str(d["failed"]),
-                  str(d["quarantined"]), str(d["pending"]), str(d["rows_read"]),
+        t.add_row(name, d["state"], f"{d['done']:,}", f"{d['failed']:,}",
+                  f"{d['quarantined']:,}", f"{d['pending']:,}", f"{d['attempts']:,}",
+                  f"{d['rows_read']:,}",
                   f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
                   f"{d['cost_usd']:.4f}",
                   *(((plans.get(name) or {}).get("label", "-"),) if plans else ()))
@@ -94,7 +96,8 @@ def print_status(s: dict) -> None:
         if lines:
             console.print(f"  {name}: " + "; ".join(lines), markup=False, highlight=False)
     for kind, f in (s.get("failures") or {}).items():
-        console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
+        console.print(f"  failed tasks: {kind} x{f['count']:,} "
+                      f"(last: {(f['last_error'] or '')[:160]})")
     if s["providers"]:
         p = Table(box=None, header_style="bold")
         for col in ("provider", "attempts", "outcomes", "samples by count check", "compl. tok",
@@ -108,6 +111,6 @@ def print_status(s: dict) -> None:
             state = (witness.get(name) or {}).get("completion", {}).get("state")
             if state == "unusable":
                 checks += " (counts unusable)"
-            p.add_row(name, str(v["requests"]), outcomes, checks or "-",
+            p.add_row(name, f"{v['requests']:,}", outcomes, checks or "-",
                       f"{v['completion_tokens']:,}", f"{v['cost_usd']:.4f}")
         console.print(p)

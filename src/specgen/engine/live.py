@@ -154,7 +154,7 @@ class LiveView:
             f"  {eta_text(s)}" if eta_text(s) else "",
         )
         dt = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("dataset", "state", "done", "failed", "quar.", "pending",
+        for col in ("dataset", "state", "tasks done", "failed", "quar.", "pending",
                     "in flight", "rows", "prompt tok", "compl. tok", "cost $", "progress"):
             dt.add_column(col, justify="left" if col in ("dataset", "state") else "right")
         for d in s["datasets"]:
@@ -176,8 +176,8 @@ class LiveView:
         if s["providers"]:
             pt = Table(box=None, pad_edge=False, header_style="bold")
             witness = self.engine.witness
-            for col in ("provider", "requests", "ok", "rejected", "quar.", "errors", "witness",
-                        "compl. tok", "cost $", "p50 s", "p90 s"):
+            for col in ("provider", "attempts", "ok", "rejected", "quar.", "errors", "witness",
+                        "compl. tok", "cost $", "total p50", "p90"):
                 pt.add_column(col, justify="left" if col in ("provider", "errors", "witness")
                               else "right")
             for name, p in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
@@ -187,11 +187,11 @@ class LiveView:
                                   for k, v in sorted(p["count_checks"].items())) or "-"
                 if witness.unusable(name):
                     checks += " (counts unusable)"
-                pt.add_row(name, str(p["requests"]), str(p["ok"]), str(p["rejected"]),
-                           str(p["quarantined"]), errs, checks, _fmt_int(p["completion_tokens"]),
-                           f"{p['cost_usd']:.4f}",
-                           f"{lat['p50']:.2f}" if lat["p50"] is not None else "-",
-                           f"{lat['p90']:.2f}" if lat["p90"] is not None else "-")
+                pt.add_row(name, f"{p['requests']:,}", f"{p['ok']:,}", f"{p['rejected']:,}",
+                           f"{p['quarantined']:,}", errs, checks,
+                           _fmt_int(p["completion_tokens"]), f"{p['cost_usd']:.4f}",
+                           f"{lat['p50']:.2f}s" if lat["p50"] is not None else "-",
+                           f"{lat['p90']:.2f}s" if lat["p90"] is not None else "-")
             parts.append(pt)
         if s["errors"]:
             parts.append(Text("errors this session: " + "  ".join(

@@ -25,6 +25,7 @@ from ..client.retry import backoff_delay
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
+from ..display import UNKNOWN_PROVIDER
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair, dedup_repair, prompt_repair
 from ..quality.witness import CountWitness, Verdict
@@ -651,12 +652,13 @@ class Engine:
 
     def _attempt_row(self, job: Job, outcome: str, *, started: float, base_url=None,
                      provider=None, model=None, first_byte=None, ended=None, status=None,
-                     error=None, pt=None, ct=None, cost=None, gen_id=None) -> None:
+                     error=None, pt=None, ct=None, cost=None, gen_id=None,
+                     first_token=None) -> None:
         self.stats.attempts += 1
         self.writer.batch.attempts.append((
             job.task_id, self.session_id, base_url, provider, model, started, first_byte,
             ended if ended is not None else time.time(), outcome, status, error, pt, ct, cost,
-            gen_id, job.ds.name))
+            gen_id, job.ds.name, first_token))
 
     def _on_error(self, job: Job, err: ApiError) -> None:
         pt, ct, cost = self._charge(job, err.usage)
@@ -786,7 +788,7 @@ class Engine:
         latency = (resp.ended_at - resp.started_at) if resp.ended_at else None
         common = dict(started=resp.started_at or time.time(), base_url=resp.base_url,
                       provider=provider, model=resp.model, first_byte=resp.first_byte_at,
-                      ended=resp.ended_at or None, status=getattr(resp, "http_status", None),
+                      first_token=resp.first_token_at, ended=resp.ended_at or None, status=getattr(resp, "http_status", None),
                       pt=pt, ct=ct, cost=cost, gen_id=resp.id)
         rejection = self.policy.rejection(provider)
         if rejection is None:
@@ -963,7 +965,7 @@ class Engine:
                     return None
                 chosen.append(fit[2])
                 return fit[0], fit[1]
-        key = resp.provider or resp.base_url or "(unknown)"
+        key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
         verdict = self.witness.judge(key, prompt=len(job.prompt_ids), completion=len(completion),
                                      usage=resp.usage or {}, repair=repair,
                                      prompt_repair=prompt_fix)

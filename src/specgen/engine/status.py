@@ -18,6 +18,7 @@ from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .scheduler import LIVE_FILE
 from .status_queries import (
+    conversation_counts,
     conversation_shapes,
     count_checks_by_provider,
     failed_tasks_by_class,
@@ -148,9 +149,16 @@ def dataset_state(state: str, done: int, failed: int, pending: int) -> str:
 
 
 def conversation_lines(d: dict[str, Any]) -> list[str]:
-    """Plain lines on one dataset's conversations (status JSON): turns per conversation,
-    early ends by reason, samples reusing recorded tool results by their weakest match."""
+    """Plain lines on one dataset's conversations (status JSON): conversations by status with
+    the reasons of those that ended early, turns per conversation, samples reusing recorded
+    tool results by their weakest match."""
     lines = []
+    if d.get("conversations"):
+        text = "conversations: " + conversation_counts(d["conversations"])
+        if d.get("end_reasons"):
+            text += " (ended early: " + ", ".join(
+                f"{k} {v:,}" for k, v in d["end_reasons"].items()) + ")"
+        lines.append(text)
     turns = d.get("turns_per_conversation") or {}
     if turns:
         n = sum(turns.values())
@@ -159,8 +167,8 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
                      + ", ".join(f"{k} x{v}" for k, v in sorted(turns.items(),
                                                               key=lambda kv: int(kv[0])))
                      + f" (mean {mean:.1f})")
-    if d.get("end_reasons"):
-        lines.append("ended early: " + ", ".join(f"{k} {v}" for k, v in d["end_reasons"].items()))
+    if d.get("end_reasons") and not d.get("conversations"):
+        lines.append("ended early: " + ", ".join(f"{k} {v:,}" for k, v in d["end_reasons"].items()))
     if d.get("tool_matches"):
         lines.append("samples reusing tool results, by weakest match: "
                      + ", ".join(f"{k} {v}" for k, v in d["tool_matches"].items()))
