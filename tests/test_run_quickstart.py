@@ -114,3 +114,18 @@ def test_quickstart_exports_carry_the_match_and_the_summary_shows_turns(quicksta
     glaive = out.split("glaive_tools [")[1].split("reasoning [")[0]
     assert "turns per conversation: 1 x" in glaive and "2 x" in glaive
     assert "samples reusing tool results, by weakest match: name " in glaive
+
+
+def test_preview_plans_a_range_holding_what_the_run_made(quickstart):
+    from specgen.preview import preview
+    from specgen.render import target_renderer
+    from specgen.tokenizer import load_tokenizer
+
+    cfg, _ = quickstart
+    result = preview(cfg, target_renderer(cfg, load_tokenizer("demo")), n=0)
+    st = run_status(cfg.run_dir)["datasets"]
+    for d in result.datasets:
+        made = st[d.name]["total"]
+        assert d.est_requests_min <= made <= d.est_requests, (d.name, made)
+    glaive = next(d for d in result.datasets if d.name == "glaive_tools")
+    assert glaive.est_requests_min < glaive.est_requests  # its tool calls decide
