@@ -46,5 +46,10 @@ def clean_floats(obj: Any, digits: int = FLOAT_DIGITS) -> Any:
 
 
 def path(p: str | Path) -> str:
-    """A path as a person would write it: `examples/../runs/q` -> `runs/q`."""
-    return os.path.normpath(str(p))
+    """A path as a person would write it: `examples/../runs/q` -> `runs/q` (unless a symlink
+    makes the two different places)."""
+    raw = str(p)
+    tidy = os.path.normpath(raw)
+    if tidy != raw and os.path.realpath(tidy) != os.path.realpath(raw):
+        return raw
+    return tidy

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -12,7 +14,7 @@ def add_parser(subparsers) -> None:
         description="Stream the stored samples of a run into files drafter trainers load "
                     "unchanged, with a manifest JSON next to them. Safe while the run is "
                     "still writing (one consistent snapshot per export).")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    add_run_dir(p)
     p.add_argument("--format", "-f", required=True, choices=["tokens", "specforge", "openai"],
                    help="tokens: input_ids + loss_mask (Parquet, or JSONL with --jsonl); "
                         "specforge: SpecForge conversation JSONL; openai: OpenAI messages JSONL")
@@ -37,9 +39,16 @@ def run(args: argparse.Namespace) -> int:
     import sqlite3
     from pathlib import Path
 
+    from ..config import ConfigError
     from ..export import ExportError, ExportOptions, export_run
     from ..export.atomic import describe_os_error
     from ..store import StoreError
+
+    try:
+        args.run_dir = resolve_run_dir(args.run_dir)
+    except (ConfigError, RunDirError) as exc:
+        print(f"specgen export: {exc}", file=sys.stderr)
+        return 2
 
     opts = ExportOptions(
         format=args.format, out=Path(args.output) if args.output else None,

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "merge", help="combine the run dirs of shards (--shard i/N) of one config",
         description="Merge run stores of one config (same config hash) into a new run dir "
                     "without duplicate conversations; export, verify and report work on it.")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    add_run_dir(p, "run_dirs", nargs="+",
+                help="the run dirs of the shards (or their TOML configs)")
     p.add_argument("-o", "--output", required=True, metavar="RUN_DIR",
                    help="new run dir to write (must not hold a run yet)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -23,13 +26,15 @@ def run(args: argparse.Namespace) -> int:
 
     import orjson
 
+    from ..config import ConfigError
     from ..export.atomic import describe_os_error
     from ..merge import MergeError, merge_runs
     from ..store import StoreError
 
     try:
-        summary = merge_runs(args.run_dirs, args.output)
-    except (MergeError, StoreError) as exc:
+        inputs = [resolve_run_dir(d) for d in args.run_dirs]
+        summary = merge_runs(inputs, args.output)
+    except (MergeError, StoreError, ConfigError, RunDirError) as exc:
         print(f"specgen merge: {exc}", file=sys.stderr)
         return 2
     except (OSError, sqlite3.Error) as exc:  # disk full, no permission, ...

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "status", help="show a run's progress (read-only; safe while it runs)",
         description="Figures of a run from its store: state, cost, per dataset and provider.")
-    p.add_argument("run_dir", help="the run dir (or the run's TOML config)")
+    add_run_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=handle)
-
-
-def resolve_run_dir(arg: str) -> Path:
-    """A run dir, or the run_dir of a config file."""
-    path = Path(arg)
-    if path.is_file() and path.suffix == ".toml":
-        from ..config import load_config
-
-        return Path(load_config(path).run_dir)
-    return path
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -35,7 +26,7 @@ def handle(args: argparse.Namespace) -> int:
 
     try:
         status = run_status(resolve_run_dir(args.run_dir))
-    except (StoreError, ConfigError) as exc:
+    except (StoreError, ConfigError, RunDirError) as exc:
         print(f"specgen status: {exc}", file=sys.stderr)
         return 2
     if args.json:

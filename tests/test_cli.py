@@ -1,0 +1,54 @@
+"""The command line as a user meets it, in real processes on a real store: every command that
+reads a run takes its dir or its config, --run-dir, --force-new, the end state of a run,
+number formatting and --help."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from test_engine_support import SPECGEN, prompt_rows, run_cli, write_config, write_jsonl
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPECGEN, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run against the in-process simulator: (config path, run dir)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    write_jsonl(tmp / "a.jsonl", prompt_rows(6))
+    config = write_config(tmp, "sim", [{"name": "a", "path": "a.jsonl"}])
+    out = run_cli(config)
+    assert out.returncode == 0, out.stderr
+    return config, tmp / "run-dir"
+
+
+def test_every_command_that_reads_a_run_takes_its_config(finished, tmp_path):
+    config, run_dir = finished
+    for args in (["status"], ["status", "--json"], ["verify"], ["report", "--text"],
+                 ["export", "--format", "openai", "-o", tmp_path / "o.jsonl"]):
+        by_dir = cli(args[0], run_dir, *args[1:])
+        by_config = cli(args[0], config, *args[1:])
+        assert by_dir.returncode == by_config.returncode == 0, (args, by_config.stderr)
+        if args == ["status", "--json"]:
+            a, b = json.loads(by_dir.stdout), json.loads(by_config.stdout)
+            assert a["datasets"] == b["datasets"] and a["run_dir"] == b["run_dir"]
+        elif args[0] in ("status", "report"):
+            assert by_dir.stdout == by_config.stdout, args
+    assert cli("report", config).returncode == 0
+    assert (run_dir / "report.html").exists()  # the default output is in the config's run dir
+    merged = cli("merge", config, "-o", tmp_path / "merged")
+    assert merged.returncode == 0, merged.stderr
+    not_a_run = tmp_path / "notes.txt"
+    not_a_run.write_text("hello")
+    for cmd in ("status", "export", "report", "verify", "stop"):
+        extra = ["--format", "tokens"] if cmd == "export" else []
+        out = cli(cmd, not_a_run, *extra)
+        assert out.returncode == 2, (cmd, out.stderr)
+        assert "neither a run dir nor a run's .toml config" in out.stderr
+        assert "Traceback" not in out.stderr
