@@ -52,3 +52,20 @@ def test_every_command_that_reads_a_run_takes_its_config(finished, tmp_path):
         assert out.returncode == 2, (cmd, out.stderr)
         assert "neither a run dir nor a run's .toml config" in out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_run_dir_option_puts_each_shard_in_its_own_dir(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(8))
+    config = write_config(tmp_path, "sim", [{"name": "a", "path": "a.jsonl"}])
+    done = 0
+    for i in range(2):
+        out = run_cli(config, "--run-dir", tmp_path / f"shard-{i}", "--shard", f"{i}/2")
+        assert out.returncode == 0, out.stderr
+        st = json.loads(cli("status", tmp_path / f"shard-{i}", "--json").stdout)
+        assert st["shard"] == f"{i}/2"
+        done += st["datasets"]["a"]["done"]
+    assert done == 8 and not (tmp_path / "run-dir").exists()  # the config's run_dir unused
+    again = run_cli(config, "--run-dir", tmp_path / "shard-0", "--shard", "0/2")
+    assert again.returncode == 0 and "Traceback" not in again.stderr  # resumes: nothing left
+    merged = cli("merge", tmp_path / "shard-0", tmp_path / "shard-1", "-o", tmp_path / "m")
+    assert merged.returncode == 0, merged.stderr
