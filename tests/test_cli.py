@@ -69,3 +69,23 @@ def test_run_dir_option_puts_each_shard_in_its_own_dir(tmp_path):
     assert again.returncode == 0 and "Traceback" not in again.stderr  # resumes: nothing left
     merged = cli("merge", tmp_path / "shard-0", tmp_path / "shard-1", "-o", tmp_path / "m")
     assert merged.returncode == 0, merged.stderr
+
+
+def test_force_new_moves_the_old_outputs_aside_and_says_so(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(4))
+    config = write_config(tmp_path, "sim", [{"name": "a", "path": "a.jsonl"}])
+    run_dir = tmp_path / "run-dir"
+    assert run_cli(config).returncode == 0
+    assert cli("export", run_dir, "--format", "openai").returncode == 0
+    assert cli("report", run_dir).returncode == 0
+    old_export = (run_dir / "exports" / "openai.jsonl").read_text()
+    out = cli("run", config, "--force-new", "--live")  # the live view: warnings still print
+    assert out.returncode == 0, out.stderr
+    prev = run_dir / "previous"
+    (store,) = prev.glob("state-*.sqlite")
+    tag = store.name.removeprefix("state-").removesuffix(".sqlite")
+    assert (prev / f"exports-{tag}" / "openai.jsonl").read_text() == old_export
+    assert (prev / f"report-{tag}.html").exists()
+    assert not (run_dir / "exports").exists() and not (run_dir / "report.html").exists()
+    assert "--force-new" in out.stderr and f"exports -> {prev}/exports-{tag}" in out.stderr
+    assert f"report.html -> {prev}/report-{tag}.html" in out.stderr

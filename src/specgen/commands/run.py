@@ -19,7 +19,8 @@ def add_parser(subparsers) -> None:
                    help="take only shard I of N of every dataset (by conversation id)")
     p.add_argument("--force-new", action="store_true",
                    help="start a fresh store even if the config changed results (the old "
-                        "store is moved to RUN_DIR/previous/, never deleted)")
+                        "store, its exports and report are moved to RUN_DIR/previous/, "
+                        "never deleted)")
     p.add_argument("--drain-timeout", type=float, metavar="S",
                    help="on a first stop, wait at most S seconds for in-flight requests "
                         "(default: [engine] drain_timeout, 60)")
