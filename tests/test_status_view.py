@@ -94,3 +94,28 @@ def test_conversations_that_ended_early_are_named_with_their_reasons():
                                                 "quarantined:empty": 2}})
     assert lines[0] == ("conversations: done 20, ended early 11 (ended early: "
                         "tool_count_mismatch 9, quarantined:empty 2)")
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_live_view_fits_the_terminal_without_cutting_names(tmp_path, width):
+    import asyncio
+
+    name = "glaive_function_calling_v2_subset"
+    write_jsonl(tmp_path / "g.jsonl", prompt_rows(4))
+    cfg = load_config(write_config(tmp_path, "sim", [{"name": name, "path": "g.jsonl"}]))
+    run(cfg, RunOptions(live=False))
+    eng = asyncio.run(_engine(cfg))
+    assert eng.row_counters[name].done.wait(10)
+    p = eng.stats.provider("Moonshot AI (a long provider name)")
+    p.requests, p.ok = 1234, 1200
+    p.errors.update({"rate_limit": 30, "stream_error": 4})
+    p.latency.add(1.5)
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=True, color_system=None)
+    console.print(LiveView(eng, console=console).render())
+    lines = buf.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= width
+    text = buf.getvalue()
+    assert name in text and "Moonshot AI (a long provider name)" in text  # never cut
+    assert "progress" in text and "4/~4 req" in text and "1,234" in text
+    assert ("prompt tok" in text) == (width >= 160)  # the least needed column goes first

@@ -137,33 +137,31 @@ class LiveView:
 
     def render(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
 
         s = snapshot(self.engine)
+        width = self.console.width
         cap = f" / ${s['max_cost_usd']:g}" if s["max_cost_usd"] is not None else ""
-        price_note = "  (cost as reported: no prices known)" if s["prices"] == "unknown" else ""
-        head = Text.assemble(
-            ("specgen run ", "bold"), (f"[{s['state']}]  ", "cyan"),
-            f"elapsed {fmt_duration(s['elapsed'])}  ",
-            f"in flight {s['in_flight']} (limit {s['limit']}/{s['max_concurrency']}"
-            + (f", {s['backoffs']} backoffs" if s["backoffs"] else "") + ")  ",
-            f"retrying {s['retrying']}  ",
-            f"{s['rps']:.1f} req/s  {_fmt_int(s['tps'])} tok/s  ",
-            (f"${s['cost_usd']:.4f}{cap}", "green"), price_note,
-            f"  {eta_text(s)}" if eta_text(s) else "",
-        )
-        dt = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("dataset", "state", "tasks done", "failed", "quar.", "pending",
-                    "in flight", "rows", "prompt tok", "compl. tok", "cost $", "progress"):
-            dt.add_column(col, justify="left" if col in ("dataset", "state") else "right")
+        price_note = " (cost as reported: no prices known)" if s["prices"] == "unknown" else ""
+        head = flow([
+            Text.assemble(("specgen run ", "bold"), (f"[{s['state']}]", "cyan")),
+            f"elapsed {fmt_duration(s['elapsed'])}",
+            f"in flight {s['in_flight']:,} (limit {s['limit']:,}/{s['max_concurrency']:,}"
+            + (f", {s['backoffs']:,} backoffs" if s["backoffs"] else "") + ")",
+            f"retrying {s['retrying']:,}",
+            f"{s['rps']:.1f} req/s", f"{_fmt_int(s['tps'])} tok/s",
+            Text.assemble((f"${s['cost_usd']:.4f}{cap}", "green"), price_note),
+            *([eta_text(s)] if eta_text(s) else []),
+        ], width)
+        rows = []
         for d in s["datasets"]:
             budget = f"/{_fmt_int(d['token_budget'])}" if d["token_budget"] else ""
-            dt.add_row(d["name"], d["state"], f"{d['done']:,}", f"{d['failed']:,}",
-                       f"{d['quarantined']:,}", f"{d['pending']:,}", f"{d['in_flight']:,}",
-                       rows_text(d), _fmt_int(d["prompt_tokens"]),
-                       _fmt_int(d["completion_tokens"]) + budget, f"{d['cost_usd']:.4f}",
-                       d["progress"])
+            rows.append([d["name"], d["state"], f"{d['done']:,}", f"{d['failed']:,}",
+                         f"{d['quarantined']:,}", f"{d['pending']:,}", f"{d['in_flight']:,}",
+                         rows_text(d), _fmt_int(d["prompt_tokens"]),
+                         _fmt_int(d["completion_tokens"]) + budget, f"{d['cost_usd']:.4f}",
+                         d["progress"]])
+        dt = fit_table(width, DATASET_COLUMNS, rows)
         parts: list[Any] = [head]
         if s["limit_reason"]:
             parts.append(Text(f"limit {s['limit']} of {s['max_concurrency']}: "
@@ -174,12 +172,8 @@ class LiveView:
                               "free space or press Ctrl-C", style="bold red"))
         parts.append(dt)
         if s["providers"]:
-            pt = Table(box=None, pad_edge=False, header_style="bold")
             witness = self.engine.witness
-            for col in ("provider", "attempts", "ok", "rejected", "quar.", "errors", "witness",
-                        "compl. tok", "cost $", "total p50", "p90"):
-                pt.add_column(col, justify="left" if col in ("provider", "errors", "witness")
-                              else "right")
+            rows = []
             for name, p in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
                 lat = p["latency_s"]
                 errs = " ".join(f"{k}={v}" for k, v in sorted(p["errors"].items())) or "-"
@@ -187,13 +181,79 @@ class LiveView:
                                   for k, v in sorted(p["count_checks"].items())) or "-"
                 if witness.unusable(name):
                     checks += " (counts unusable)"
-                pt.add_row(name, f"{p['requests']:,}", f"{p['ok']:,}", f"{p['rejected']:,}",
-                           f"{p['quarantined']:,}", errs, checks,
-                           _fmt_int(p["completion_tokens"]), f"{p['cost_usd']:.4f}",
-                           f"{lat['p50']:.2f}s" if lat["p50"] is not None else "-",
-                           f"{lat['p90']:.2f}s" if lat["p90"] is not None else "-")
-            parts.append(pt)
+                rows.append([name, f"{p['requests']:,}", f"{p['ok']:,}", f"{p['rejected']:,}",
+                             f"{p['quarantined']:,}", errs, checks,
+                             _fmt_int(p["completion_tokens"]), f"{p['cost_usd']:.4f}",
+                             f"{lat['p50']:.2f}s" if lat["p50"] is not None else "-",
+                             f"{lat['p90']:.2f}s" if lat["p90"] is not None else "-"])
+            parts.append(fit_table(width, PROVIDER_COLUMNS, rows))
         if s["errors"]:
             parts.append(Text("errors this session: " + "  ".join(
                 f"{k}={v}" for k, v in sorted(s["errors"].items())), style="yellow"))
         return Group(*parts)
+
+
+# (header, justify, priority, widest): columns are dropped from the highest priority number
+# down until a table fits the terminal; 0 is never dropped; `widest` caps what a wrapping
+# column is measured at.
+Column = tuple[str, str, int, int | None]
+DATASET_COLUMNS: list[Column] = [
+    ("dataset", "left", 0, None), ("state", "left", 1, None), ("tasks done", "right", 3, None),
+    ("failed", "right", 4, None), ("quar.", "right", 9, None), ("pending", "right", 5, None),
+    ("in flight", "right", 10, None), ("rows", "right", 8, None),
+    ("prompt tok", "right", 11, None), ("compl. tok", "right", 7, None),
+    ("cost $", "right", 6, None), ("progress", "right", 2, None)]
+PROVIDER_COLUMNS: list[Column] = [
+    ("provider", "left", 0, None), ("attempts", "right", 1, None), ("ok", "right", 2, None),
+    ("rejected", "right", 6, None), ("quar.", "right", 7, None), ("errors", "left", 3, 24),
+    ("witness", "left", 8, 16), ("compl. tok", "right", 9, None), ("cost $", "right", 5, None),
+    ("total p50", "right", 4, None), ("p90", "right", 10, None)]
+
+
+def fit_table(width: int, columns: list[Column], rows: list[list[str]]):
+    """A rich table of `rows` keeping the columns that fit in `width` (by priority): a
+    terminal of 80-100 columns shows fewer columns, never names cut short."""
+    from rich.table import Table
+
+    natural = []
+    for i, (header, _j, _p, widest) in enumerate(columns):
+        w = max([len(header), *(len(r[i]) for r in rows)])
+        natural.append(min(w, widest) if widest else w)
+    keep = list(range(len(columns)))
+
+    def need() -> int:
+        return sum(natural[i] for i in keep) + 2 * (len(keep) - 1)
+
+    for i in sorted(keep, key=lambda i: -columns[i][2]):
+        if need() <= width:
+            break
+        if columns[i][2] > 0:
+            keep.remove(i)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for i in keep:
+        header, justify, priority, widest = columns[i]
+        table.add_column(header, justify=justify, no_wrap=priority == 0 or widest is None,
+                         overflow="fold")
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    return table
+
+
+def flow(segments: list, width: int):
+    """Segments (str or rich Text) on as few lines as fit `width`, two spaces apart, never
+    splitting one."""
+    from rich.text import Text
+
+    out = Text()
+    line = 0
+    for seg in segments:
+        seg = seg if isinstance(seg, Text) else Text(seg)
+        if line and line + 2 + len(seg) > width:
+            out.append("\n")
+            line = 0
+        elif line:
+            out.append("  ")
+            line += 2
+        out.append_text(seg)
+        line += len(seg)
+    return out

@@ -204,6 +204,8 @@ def run_eta(plans: list[Plan], estimator: EtaEstimator) -> tuple[float | None, b
     lower = any(p.kind == "lower_bound" and p.basis == "requests" for p in plans)
     if remaining == float("inf"):
         return None, True
+    if remaining <= 0:
+        return 0.0, False
     return estimator.eta(remaining), lower
 
 
