@@ -5,6 +5,7 @@ number formatting and --help."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 
 import pytest
@@ -89,3 +90,22 @@ def test_force_new_moves_the_old_outputs_aside_and_says_so(tmp_path):
     assert not (run_dir / "exports").exists() and not (run_dir / "report.html").exists()
     assert "--force-new" in out.stderr and f"exports -> {prev}/exports-{tag}" in out.stderr
     assert f"report.html -> {prev}/report-{tag}.html" in out.stderr
+
+
+def test_json_outputs_carry_no_float_noise(tmp_path):
+    from test_export_support import build_store, chat
+
+    run_dir = build_store(tmp_path / "run", {"d": [chat(0)]})
+    with sqlite3.connect(run_dir / "state.sqlite") as conn:
+        for cost in (0.1, 0.2):  # summed by SQLite: 0.30000000000000004
+            conn.execute("INSERT INTO attempts(task, session, provider, started_at, ended_at, "
+                         "outcome, cost_usd, dataset) VALUES(1, 1, 'noisy', 1.0, 2.0, "
+                         "'retry:timeout', ?, 'd')", (cost,))
+    out = cli("status", run_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["providers"]["noisy"]["cost_usd"] == 0.3
+    assert "0000000000" not in out.stdout and "9999999999" not in out.stdout
+    exp = cli("export", run_dir, "--format", "openai")
+    assert exp.returncode == 0, exp.stderr
+    manifest = (run_dir / "exports" / "openai.manifest.json").read_text()
+    assert "0000000000" not in manifest and "9999999999" not in manifest

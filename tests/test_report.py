@@ -90,7 +90,7 @@ def test_numbers_match_the_store(run):
     for ds, completion, samples in conn.execute(
             "SELECT dataset, SUM(completion_tokens), COUNT(*) FROM results GROUP BY dataset"):
         text = "|".join(page.sections["tokens-cost"]["text"])
-        assert f"|{ds}|{samples}|" in text and f"|{completion}|" in text
+        assert f"|{ds}|{samples:,}|" in text and f"|{completion:,}|" in text
     failed = conn.execute("SELECT COUNT(*) FROM attempts WHERE outcome != 'ok'").fetchone()[0]
     assert failed > 0
     assert f"rate_limited|{failed}" in "|".join(page.sections["errors"]["text"])
@@ -118,7 +118,7 @@ def test_text_has_the_same_numbers(run):
     for ds, completion in conn.execute(
             "SELECT dataset, SUM(completion_tokens) FROM results GROUP BY dataset"):
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(ds + " "))
-        assert str(completion) in line.split()
+        assert f"{completion:,}" in line.split()
 
 
 def test_empty_run_renders(tmp_path):
@@ -194,3 +194,19 @@ def test_one_label_for_an_unknown_provider_and_attempts_named_as_such(tmp_path):
     assert head.rstrip().endswith("attempts  failed attempts")
     assert "attempts (HTTP tries of the tasks)" in text and "ended early" not in text.split(
         "Tokens and cost")[0]
+
+
+def test_numbers_are_formatted_alike(tmp_path):
+    run = build_store(tmp_path / "run", {"d": [chat(i) for i in range(3)]})
+    conn = sqlite3.connect(run / "state.sqlite")
+    conn.execute("UPDATE results SET completion_tokens = completion_tokens + 12345")
+    conn.execute("UPDATE sessions SET pid = 123456")
+    conn.commit()
+    total = conn.execute("SELECT SUM(completion_tokens) FROM results").fetchone()[0]
+    conn.close()
+    text = build_report(run, text=True)
+    assert f"{total:,}" in text and str(total) not in text  # thousands separators
+    assert "123456" in text and "123,456" not in text  # a pid is an id, not a count
+    assert next(ln for ln in text.splitlines() if "thinking" in ln).split() == ["thinking", "on"]
+    html = build_report(run)
+    assert f">{total:,}<" in html

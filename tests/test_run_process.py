@@ -142,7 +142,7 @@ def test_specgen_stop_from_another_shell(tmp_path, sim_slow, sim_stuck):
     finally:
         proc.kill()
     assert stop.returncode == 0, stop.stderr
-    assert "asked the run" in stop.stdout and "stopped: stopped" in stop.stdout
+    assert "asked the run" in stop.stdout and "the run ended: state stopped" in stop.stdout
     assert proc.returncode == 5 and "specgen stop" in out
     assert count(run_dir, "SELECT COUNT(*) FROM attempts WHERE outcome='cancelled'") == 0
     again = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True, text=True,

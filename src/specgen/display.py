@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 UNKNOWN_PROVIDER = "(unknown)"  # an answer or error that named no provider
-FLOAT_DIGITS = 10  # significant digits JSON floats keep: far below any real measurement's
+FLOAT_DIGITS = 12  # significant digits JSON floats keep: Unix times keep their milliseconds
 
 
 def provider_label(name: str | None) -> str:

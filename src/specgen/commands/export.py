@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..config import ConfigError
+    from ..display import path as tidy
     from ..export import ExportError, ExportOptions, export_run
     from ..export.atomic import describe_os_error
     from ..store import StoreError
@@ -71,14 +72,15 @@ def run(args: argparse.Namespace) -> int:
     t = manifest["totals"]
     out = Path(manifest["options"]["out"])
     for f in manifest["files"]:
-        print(f"wrote {f['rows']} rows to {out / f['path'] if opts.split_by_dataset else out}")
-    print(f"{t['samples']} samples, {t['tokens']} tokens ({t['loss_tokens']} trained on); "
-          f"manifest {manifest['manifest_path']}")
+        print(f"wrote {f['rows']:,} rows to "
+              f"{tidy(out / f['path'] if opts.split_by_dataset else out)}")
+    print(f"{t['samples']:,} samples, {t['tokens']:,} tokens ({t['loss_tokens']:,} trained on); "
+          f"manifest {tidy(manifest['manifest_path'])}")
     if t["true_id_samples"]:
-        print(f"{t['true_id_samples']} of them as the backend's own ids (true ids)")
+        print(f"{t['true_id_samples']:,} of them as the backend's own ids (true ids)")
     if t["excluded_mismatch"]:
-        print(f"left out {t['excluded_mismatch']} sample(s) whose ids contradict the provider's "
+        print(f"left out {t['excluded_mismatch']:,} sample(s) whose ids contradict the provider's "
               "token counts (count_check = mismatch); --include-mismatched exports them")
     elif opts.include_mismatched and t["count_checks"].get("mismatch"):
-        print(f"included {t['count_checks']['mismatch']} sample(s) with count_check = mismatch")
+        print(f"included {t['count_checks']['mismatch']:,} sample(s) with count_check = mismatch")
     return 0

@@ -44,14 +44,19 @@ def run(args: argparse.Namespace) -> int:
               f"written under {args.output}", file=sys.stderr)
         return 1
     if args.json:
-        sys.stdout.write(orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        from ..display import clean_floats
+
+        sys.stdout.write(orjson.dumps(clean_floats(summary.to_json()),
+                                      option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    shards = ", ".join(f"{i['run_dir']} ({i['shard'] or 'unsharded'}, {i['results']} samples)"
+    shards = ", ".join(f"{i['run_dir']} ({i['shard'] or 'unsharded'}, {i['results']:,} samples)"
                        for i in summary.inputs)
     print(f"merged {shards}")
-    print(f"into {args.output}: {summary.conversations} conversations, {summary.results} samples, "
-          f"{summary.attempts} attempts, {summary.sessions} sessions, {summary.events} events")
+    print(f"into {args.output}: {summary.conversations:,} conversations, {summary.results:,} "
+          f"samples, {summary.attempts:,} attempts, {summary.sessions:,} sessions, "
+          f"{summary.events:,} events")
     if summary.duplicate_conversations:
-        print(f"  {summary.duplicate_conversations} duplicate conversation(s): kept the most "
-              f"complete copy; {summary.attempts_left_out} attempt(s) of dropped copies left out")
+        print(f"  {summary.duplicate_conversations:,} duplicate conversation(s): kept the most "
+              f"complete copy; {summary.attempts_left_out:,} attempt(s) of dropped copies left "
+              "out")
     return 0

@@ -75,12 +75,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"specgen preview: {exc.args[0]}", file=sys.stderr)
         return 2
     if args.json:
+        from ..display import clean_floats
+
+        datasets = []
+        for d in result.datasets:  # the sample bodies stay byte for byte what is sent
+            fig = d.to_json(result.prices)
+            datasets.append({**clean_floats(fig), "samples": fig["samples"]})
         out = {"config": str(cfg.source), "model": cfg.target.model,
                "renderer": cfg.target.renderer, "dialect": result.dialect,
-               "prices": {**result.prices.to_json(), "origin": result.price_origin},
-               "worst_case_cost_usd": result.total_cost(),
-               "max_cost_usd": result.max_cost_usd,
-               "datasets": [d.to_json(result.prices) for d in result.datasets]}
+               "prices": clean_floats({**result.prices.to_json(),
+                                       "origin": result.price_origin}),
+               "worst_case_cost_usd": clean_floats(result.total_cost()),
+               "max_cost_usd": result.max_cost_usd, "datasets": datasets}
         sys.stdout.write(json.dumps(out, ensure_ascii=False, indent=1) + "\n")
     else:
         Printer(cfg, tokenizer, result, color=not args.no_color, full=args.full).print()

@@ -30,7 +30,10 @@ def handle(args: argparse.Namespace) -> int:
         print(f"specgen status: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode() + "\n")
+        from ..display import clean_floats
+
+        sys.stdout.write(orjson.dumps(clean_floats(status),
+                                      option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print_status(status)
     return 0

@@ -68,7 +68,7 @@ def handle(args: argparse.Namespace) -> int:
         time.sleep(0.25)
         status = run_status(run_dir)
         if status["state"] != "running":
-            print(f"stopped: {status['state']}"
+            print(f"the run ended: state {status['state']}"
                   + (f" — {status['stop_reason']}" if status["stop_reason"] else ""))
             return 0
         if (not picked_up_warned and time.monotonic() - started > 10

@@ -53,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"specgen verify: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        from ..display import clean_floats
+
+        sys.stdout.write(orjson.dumps(clean_floats(report.to_json()),
+                                      option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(format_report(report))
     return report.exit_code

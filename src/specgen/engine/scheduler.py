@@ -25,7 +25,7 @@ from ..client.retry import backoff_delay
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
-from ..display import UNKNOWN_PROVIDER
+from ..display import UNKNOWN_PROVIDER, clean_floats
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair, dedup_repair, prompt_repair
 from ..quality.witness import CountWitness, Verdict
@@ -1133,7 +1133,7 @@ class Engine:
         path = self.store.path.parent / LIVE_FILE
         tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_bytes(orjson.dumps(self.live_figures()))
+            tmp.write_bytes(orjson.dumps(clean_floats(self.live_figures())))
             os.replace(tmp, path)
         except OSError as exc:  # cosmetic: never stop a run for it
             log.debug("could not write %s: %s", path, exc)

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ..display import path as tidy
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .scheduler import LIVE_FILE
@@ -109,7 +110,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in spend.values()), 9),
         "stop_reason": reason,
         "datasets": datasets,
-        "run_dir": str(run_dir),
+        "run_dir": tidy(run_dir),
         "model": meta.get("model"),
         "shard": meta.get("shard") or None,
         "max_cost_usd": (cfg.get("budget") or {}).get("max_cost_usd"),

@@ -77,7 +77,8 @@ def _summary(s: RunStats, run_dir: str) -> Section:
     m = s.meta
     rows = [
         ["run dir", run_dir], ["model", m.get("model", "?")],
-        ["renderer", m.get("renderer", "?")], ["thinking", m.get("thinking", "?")],
+        ["renderer", m.get("renderer", "?")],
+        ["thinking", {"1": "on", "0": "off"}.get(m.get("thinking", ""), "?")],
         ["config hash", m.get("config_hash", "?")],
         ["tokenizer fingerprint", (m.get("tokenizer_fingerprint") or "?")[:16]],
         ["shard", m.get("shard") or "—"],
@@ -169,7 +170,7 @@ def _errors(s: RunStats) -> Section:
         labels = [ts(e["t0"] + (i + 0.5) * e["width"])[11:19] for i in range(e["buckets"])]
         sec.charts.append(svg.stacked_time_bars(e["series"], title="Failed attempts over time",
                                                 t_labels=labels))
-        sec.tables.append(Table(f"Failed attempts per interval of {e['width']:.1f}s "
+        sec.tables.append(Table(f"Failed attempts per interval of {e['width']:.3g}s "
                                 f"(from {ts(e['t0'])})", ["class", "per interval"],
                                 [[k, " ".join(map(str, v))] for k, v in e["series"].items()]))
     if s.task_errors:
@@ -250,13 +251,13 @@ def _budget(s: RunStats) -> Section:
                              for d in s.datasets]))
     sec.tables.append(Table("Sessions", ["session", "host", "pid", "started", "ended", "state",
                                          "stop reason"],
-                            [[x["id"], x["host"], x["pid"], ts(x["started_at"]),
+                            [[str(x["id"]), x["host"], str(x["pid"]), ts(x["started_at"]),
                               ts(x["ended_at"] or x["heartbeat_at"]), x["state"],
                               x["stop_reason"] or "—"] for x in s.sessions]))
     if s.recent_events:
         sec.tables.append(Table("Latest events (retries left out)",
                                 ["time", "session", "kind", "dataset", "provider", "detail"],
-                                [[ts(e["ts"]), e["session"], e["kind"], e["dataset"] or "—",
+                                [[ts(e["ts"]), str(e["session"]), e["kind"], e["dataset"] or "—",
                                   e["provider"] or "—", e["detail"] or ""]
                                  for e in s.recent_events]))
     return sec
