@@ -109,3 +109,12 @@ def test_json_outputs_carry_no_float_noise(tmp_path):
     assert exp.returncode == 0, exp.stderr
     manifest = (run_dir / "exports" / "openai.manifest.json").read_text()
     assert "0000000000" not in manifest and "9999999999" not in manifest
+
+
+def test_a_finished_run_leaves_no_lock_and_shows_no_dead_pid(finished):
+    config, run_dir = finished
+    assert not (run_dir / "run.lock").exists()
+    st = json.loads(cli("status", run_dir, "--json").stdout)
+    assert st["state"] == "finished" and st["pid"] is None and st["session"]["pid"] > 0
+    text = cli("status", run_dir).stdout
+    assert f"pid {st['session']['pid']}" not in text

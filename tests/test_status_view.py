@@ -39,7 +39,8 @@ def test_status_json_and_text(finished_run):
     out = subprocess.run([*SPECGEN, "status", str(cfg.run_dir), "--json"],
                          capture_output=True, text=True, timeout=60)
     st = json.loads(out.stdout)
-    assert st["state"] == "finished" and st["pid"] and st["stop_reason"] == "limit reached: a"
+    assert st["state"] == "finished" and st["stop_reason"] == "limit reached: a"
+    assert st["pid"] is None and st["session"]["pid"]  # no dead pid shown as current
     a = st["datasets"]["a"]
     assert (a["done"], a["total"], a["failed"], a["pending"]) == (10, 10, 0, 0)
     assert a["cost_usd"] > 0 and a["completion_tokens"] > 0 and a["prompt_tokens"] > 0

@@ -106,7 +106,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         providers[name]["count_checks"] = counts
     out: dict[str, Any] = {
         "state": state,
-        "pid": pid,
+        "pid": pid if state == "running" else None,  # a current process only
         "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in spend.values()), 9),
         "stop_reason": reason,
         "datasets": datasets,
@@ -124,7 +124,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     }
     if last is not None:
         out["session"] = {
-            "id": last["id"], "host": last["host"], "started_at": last["started_at"],
+            "id": last["id"], "host": last["host"], "pid": pid,
+            "started_at": last["started_at"],
             "heartbeat_age_s": round(now - (last["heartbeat_at"] or now), 1),
             "ended_at": last["ended_at"],
         }
