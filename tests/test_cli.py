@@ -118,3 +118,27 @@ def test_a_finished_run_leaves_no_lock_and_shows_no_dead_pid(finished):
     assert st["state"] == "finished" and st["pid"] is None and st["session"]["pid"] > 0
     text = cli("status", run_dir).stdout
     assert f"pid {st['session']['pid']}" not in text
+
+
+def test_help_lists_run_first_and_names_arguments_alike():
+    import argparse
+
+    from specgen.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    listed = [a.dest for a in sub._choices_actions]  # the order --help prints them in
+    assert listed[:4] == ["run", "preview", "status", "stop"]
+    assert set(listed) >= {"export", "verify", "report", "merge", "tokenize", "sim"}
+    text = parser.format_help()
+    assert text.index("    run ") < text.index("    tokenize ") and "RUN_DIR" in text
+    for name, p in sub.choices.items():
+        usage = p.format_usage()
+        positionals = [a.metavar for a in p._actions if not a.option_strings
+                       and a.dest != "help"]
+        if name in ("run", "preview"):
+            assert positionals == ["CONFIG"], (name, usage)
+        elif name in ("status", "stop", "export", "verify", "report", "merge"):
+            assert positionals == ["RUN_DIR"], (name, usage)
+            assert all(a.help for a in p._actions), name
+        assert p.description, f"{name} has no description"

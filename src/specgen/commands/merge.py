@@ -15,7 +15,7 @@ def add_parser(subparsers) -> None:
                     "without duplicate conversations; export, verify and report work on it.")
     add_run_dir(p, "run_dirs", nargs="+",
                 help="the run dirs of the shards (or their TOML configs)")
-    p.add_argument("-o", "--output", required=True, metavar="RUN_DIR",
+    p.add_argument("-o", "--output", required=True, metavar="NEW_RUN_DIR",
                    help="new run dir to write (must not hold a run yet)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)

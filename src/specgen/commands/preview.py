@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
             "the loss mask. Makes no API call and writes nothing."
         ),
     )
-    p.add_argument("config", metavar="CONFIG", help="the run config (TOML)")
+    p.add_argument("config", metavar="CONFIG", help="the run's TOML config")
     p.add_argument("-n", type=int, default=3, metavar="N",
                    help="sample conversations shown per dataset (default 3)")
     p.add_argument("--dataset", metavar="NAME", help="only this dataset")
