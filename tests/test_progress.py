@@ -167,5 +167,5 @@ def test_row_counts_in_the_background(tmp_path):
 
 
 def test_durations():
-    assert [fmt_duration(x) for x in (None, 0, 45.4, 185, 7620)] == [
-        "-", "0s", "45s", "3m05s", "2h07m"]
+    assert [fmt_duration(x) for x in (None, 0, 0.2, 45.4, 185, 7620)] == [
+        "-", "0s", "<1s", "45s", "3m05s", "2h07m"]

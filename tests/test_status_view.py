@@ -93,8 +93,8 @@ def test_conversations_that_ended_early_are_named_with_their_reasons():
     lines = conversation_lines({"conversations": {"done": 20, "ended": 11},
                                 "end_reasons": {"tool_count_mismatch": 9,
                                                 "quarantined:empty": 2}})
-    assert lines[0] == ("conversations: done 20, ended early 11 (ended early: "
-                        "tool_count_mismatch 9, quarantined:empty 2)")
+    assert lines[0] == ("conversations: done 20, ended early 11 (tool_count_mismatch 9, "
+                        "quarantined:empty 2)")
 
 
 @pytest.mark.parametrize("width", [80, 100, 160])

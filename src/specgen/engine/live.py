@@ -63,7 +63,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
             "planned": pl.requests, "planned_kind": pl.kind, "progress": pl.label(),
             "token_budget": spend.token_budget, "limit": ds.cfg.limit,
         })
-    eta = progress["eta_s"]
+    eta = None if engine.final_state else progress["eta_s"]  # nothing to wait for once ended
     return {
         "elapsed": time.monotonic() - st.started,
         "state": engine.final_state or (

@@ -210,9 +210,11 @@ def run_eta(plans: list[Plan], estimator: EtaEstimator) -> tuple[float | None, b
 
 
 def fmt_duration(seconds: float | None) -> str:
-    """`45s`, `3m05s`, `2h07m`; `-` when unknown."""
+    """`45s`, `3m05s`, `2h07m`, `<1s`; `-` when unknown."""
     if seconds is None or seconds != seconds or seconds < 0 or seconds > 86400 * 365:
         return "-"
+    if 0 < seconds < 0.5:
+        return "<1s"
     s = int(round(seconds))
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)

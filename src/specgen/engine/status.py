@@ -158,7 +158,7 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     if d.get("conversations"):
         text = "conversations: " + conversation_counts(d["conversations"])
         if d.get("end_reasons"):
-            text += " (ended early: " + ", ".join(
+            text += " (" + ", ".join(
                 f"{k} {v:,}" for k, v in d["end_reasons"].items()) + ")"
         lines.append(text)
     turns = d.get("turns_per_conversation") or {}
