@@ -175,6 +175,22 @@ async def test_stream_split_across_tcp_writes_with_comments_and_crlf():
 
 
 @async_test
+async def test_first_token_is_the_first_output_byte_not_the_headers():
+    # headers and a keep-alive comment at once; an empty role chunk; the reasoning 0.1 s later
+    pieces = [b": OPENROUTER PROCESSING\n\n", *events(chunk(role="assistant", content="")),
+              *events(chunk(reasoning="think"), chunk(content="Hi"), FINISH, USAGE, "[DONE]")]
+    async with Server(stream_handler(pieces, pause=0.05)) as srv:
+        async with ChatClient(srv.url) as client:
+            r = await client.chat({**BODY, "stream": True})
+    assert r.first_token_at - r.first_byte_at >= 0.09  # two pauses after the headers
+    assert r.first_token_at <= r.ended_at
+    async with Server(json_handler(completion())) as srv:
+        async with ChatClient(srv.url, stream=False) as client:
+            plain = await client.chat(BODY)
+    assert plain.first_token_at == plain.ended_at  # not streamed: the whole body at once
+
+
+@async_test
 async def test_stream_tool_calls_and_true_ids():
     pieces = events(
         {"prompt_token_ids": [1, 2, 3], **chunk(role="assistant")},

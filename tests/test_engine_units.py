@@ -235,6 +235,31 @@ def test_run_lock_excludes_a_second_process(tmp_path):
         pass
 
 
+def test_the_lock_file_goes_with_its_holder(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "run.lock"
+    a = RunLock(tmp_path)
+    a.acquire()
+    stale = os.open(path, os.O_RDWR)  # a second process that opened it just before the end
+    a.release()
+    assert not path.exists()  # a finished run leaves no lock behind
+    real_open, calls = os.open, []
+
+    def opener(p, flags, mode=0o777):
+        calls.append(p)
+        return stale if len(calls) == 1 else real_open(p, flags, mode)
+
+    monkeypatch.setattr(os, "open", opener)
+    b = RunLock(tmp_path)
+    b.acquire()  # it locks the removed file first, sees that, and locks the current one
+    monkeypatch.undo()
+    assert len(calls) == 2 and path.exists()
+    with pytest.raises(RunLockedError):
+        RunLock(tmp_path).acquire()
+    b.release()
+
+
 # -- stats ----------------------------------------------------------------------------------
 def test_latency_histogram_and_rates():
     h = LatencyHistogram()

@@ -70,7 +70,7 @@ def build(run_dir: Path, convs: list[dict], decide: Callable[[dict], dict] | Non
             b.tasks[task] = (task, row, dataset, turn, "done", 1, None)
             b.attempts.append((task, 1, o["base_url"], o["provider"], "m", now, now, now + 1,
                                "ok", 200, None, o["prompt_tokens"], o["completion_tokens"],
-                               0.001, f"gen-{task}", dataset))
+                               0.001, f"gen-{task}", dataset, now))
             values = (task, row, dataset, turn, o["provider"], "moonshotai/kimi-k2.5",
                       "tool_calls" if answer.get("tool_calls") else "stop", "stop",
                       pack_json(request), orjson.dumps(answer).decode(),

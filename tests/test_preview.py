@@ -248,3 +248,77 @@ def test_token_budget_and_dollar_cap_bound_the_worst_case(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "capped by token_budget = 5,000" in text
     assert "but the run stops at [budget] max_cost_usd = $0.01" in text
+
+
+def test_a_bad_row_says_what_the_run_will_do_with_it(tmp_path, capsys):
+    datasets = [{"name": "r", "path": str(EXAMPLES / "reasoning.jsonl")},
+                {"name": "oa", "path": str(FIX / "openai.jsonl")}]
+    code, out = run_json(capsys, write_config(tmp_path, datasets))
+    r, oa = out["datasets"]
+    assert r["stops_at"] is None and oa["invalid_rows"] == "stop"
+    # rows 0 (a last turn with a tool loop: 2 requests) and 1 (a prompt: 1) come before it
+    assert oa["stops_at"] == {"row": f"row 3 ({FIX / 'openai.jsonl'}:4)", "requests_before": 3,
+                              "requests_of_earlier_datasets": r["estimated_requests"]}
+    (warning,) = [w for w in oa["warnings"] if "skip_invalid" in w]
+    assert "stops with an error" in warning and "up to ~28 of the datasets before it" in warning
+    assert main(["preview", str(write_config(tmp_path, datasets)), "-n", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "  invalid  1 x invalid JSON" in text and "skipped" not in text
+    assert "the run stops with an error at the first invalid row of oa" in text
+    datasets[1]["skip_invalid"] = True
+    code, out = run_json(capsys, write_config(tmp_path, datasets))
+    oa = out["datasets"][1]
+    assert oa["invalid_rows"] == "skip" and oa["stops_at"] is None
+    assert not any("skip_invalid" in w for w in oa["warnings"])
+    assert main(["preview", str(write_config(tmp_path, datasets)), "-n", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "  skipped  1 x invalid JSON" in text and "stops" not in text
+
+
+def test_planned_requests_are_a_range_where_tool_calls_decide(tmp_path, capsys):
+    loop = {"id": "t", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {}}}}], "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]}
+    chat = {"id": "c", "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(loop) + "\n" + json.dumps(chat) + "\n")
+    cfg = write_config(tmp_path, [{"name": "d", "path": str(path), "turns": "all"}])
+    code, out = run_json(capsys, cfg, "-n", "0")
+    (d,) = out["datasets"]
+    # the tool loop: 3 requests if the model calls as the dataset did, 1 if its first answer
+    # differs; the plain chat: always 2
+    assert (d["estimated_requests_min"], d["estimated_requests"]) == (3, 5)
+    assert main(["preview", str(cfg), "-n", "0"]) == 0
+    assert "requests 3–5 planned (tool calls decide" in capsys.readouterr().out
+    last = write_config(tmp_path, [{"name": "d", "path": str(path), "turns": "last"}])
+    code, out = run_json(capsys, last, "-n", "0")
+    assert (out["datasets"][0]["estimated_requests_min"],
+            out["datasets"][0]["estimated_requests"]) == (2, 2)
+
+
+def test_where_prices_come_from(tmp_path, capsys):
+    from specgen.store import Store
+
+    cfg = write_config(tmp_path, [{"name": "p", "path": str(FIX / "prompt.json")}])
+    code, out = run_json(capsys, cfg)
+    assert out["prices"]["origin"].startswith("unknown: run with --fetch-prices")
+    assert out["worst_case_cost_usd"] is None
+    run_dir = tmp_path / "runs" / "x"  # the endpoint prices an earlier run recorded
+    with Store.create(run_dir) as s:
+        s.set_meta("prices", json.dumps({"prompt_per_m": 0.6, "completion_per_m": 3.0,
+                                         "source": "endpoints"}))
+    code, out = run_json(capsys, cfg)
+    assert out["prices"]["completion_per_m"] == pytest.approx(3.0)
+    assert out["prices"]["origin"].startswith(f"the endpoint list cached in {run_dir}")
+    assert out["worst_case_cost_usd"] > 0
+    budget = write_config(tmp_path, [{"name": "p", "path": str(FIX / "prompt.json")}],
+                          extra="[budget]\nprompt_price_per_m = 1.0\ncompletion_price_per_m = 2.0")
+    code, out = run_json(capsys, budget)
+    assert out["prices"]["origin"] == "[budget]" and out["prices"]["completion_per_m"] == 2.0

@@ -90,7 +90,7 @@ def test_numbers_match_the_store(run):
     for ds, completion, samples in conn.execute(
             "SELECT dataset, SUM(completion_tokens), COUNT(*) FROM results GROUP BY dataset"):
         text = "|".join(page.sections["tokens-cost"]["text"])
-        assert f"|{ds}|{samples}|" in text and f"|{completion}|" in text
+        assert f"|{ds}|{samples:,}|" in text and f"|{completion:,}|" in text
     failed = conn.execute("SELECT COUNT(*) FROM attempts WHERE outcome != 'ok'").fetchone()[0]
     assert failed > 0
     assert f"rate_limited|{failed}" in "|".join(page.sections["errors"]["text"])
@@ -118,7 +118,7 @@ def test_text_has_the_same_numbers(run):
     for ds, completion in conn.execute(
             "SELECT dataset, SUM(completion_tokens) FROM results GROUP BY dataset"):
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(ds + " "))
-        assert str(completion) in line.split()
+        assert f"{completion:,}" in line.split()
 
 
 def test_empty_run_renders(tmp_path):
@@ -162,3 +162,51 @@ def test_every_chart_is_well_formed_svg(run):
         root = ET.fromstring(svg)  # raises on malformed markup
         assert root.tag == "{http://www.w3.org/2000/svg}svg"
         assert root.find("{http://www.w3.org/2000/svg}rect") is not None
+
+
+def test_latency_is_time_to_first_token_and_total_and_says_so(tmp_path):
+    run = build_store(tmp_path / "run", {"d": [chat(i) for i in range(4)]})
+    conn = sqlite3.connect(run / "state.sqlite")
+    conn.execute("UPDATE attempts SET first_token_at = started_at + 0.25 WHERE outcome = 'ok'")
+    conn.commit()
+    conn.close()
+    sec = parse(build_report(run)).sections["latency"]
+    text = "|".join(sec["text"])
+    assert "first token p50" in text and "total p50" in text and "first byte p50" not in text
+    assert "|all|4|0.250s|" in text  # first token, not the headers' time (0.01 s)
+    assert "time to first token" in text and "keep-alive" in text
+
+
+def test_one_label_for_an_unknown_provider_and_attempts_named_as_such(tmp_path):
+    from specgen.engine.status import run_status
+
+    run = build_store(tmp_path / "run", {"d": [chat(i) for i in range(2)]})
+    conn = sqlite3.connect(run / "state.sqlite")
+    conn.execute("INSERT INTO attempts(task, session, provider, started_at, ended_at, outcome, "
+                 "dataset) VALUES(1, 1, NULL, 1.0, 2.0, 'retry:timeout', 'd')")
+    conn.commit()
+    conn.close()
+    text = build_report(run, text=True)
+    rows = [ln.split()[0] for ln in text.split("Per provider:")[1].splitlines()[2:4]]
+    assert "(unknown)" in rows and "?" not in rows
+    assert "(unknown)" in run_status(run)["providers"]
+    head = text.split("Per dataset:")[1].splitlines()[1]
+    assert head.rstrip().endswith("attempts  failed attempts")
+    assert "attempts (HTTP tries of the tasks)" in text and "ended early" not in text.split(
+        "Tokens and cost")[0]
+
+
+def test_numbers_are_formatted_alike(tmp_path):
+    run = build_store(tmp_path / "run", {"d": [chat(i) for i in range(3)]})
+    conn = sqlite3.connect(run / "state.sqlite")
+    conn.execute("UPDATE results SET completion_tokens = completion_tokens + 12345")
+    conn.execute("UPDATE sessions SET pid = 123456")
+    conn.commit()
+    total = conn.execute("SELECT SUM(completion_tokens) FROM results").fetchone()[0]
+    conn.close()
+    text = build_report(run, text=True)
+    assert f"{total:,}" in text and str(total) not in text  # thousands separators
+    assert "123456" in text and "123,456" not in text  # a pid is an id, not a count
+    assert next(ln for ln in text.splitlines() if "thinking" in ln).split() == ["thinking", "on"]
+    html = build_report(run)
+    assert f">{total:,}<" in html

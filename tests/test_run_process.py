@@ -84,6 +84,12 @@ def test_sigint_drains_then_rerun_resumes(tmp_path, sim_slow):
         assert st["live"]["in_flight"] > 0 and st["concurrency"] == 12
         assert set(st["datasets"]["a"]) >= {"total", "done", "failed", "pending",
                                             "prompt_tokens", "completion_tokens", "cost_usd"}
+        plan = st["live"]["progress"]["datasets"]["a"]  # the source counted: 72 rows
+        assert plan["rows_total"] == 72 and plan["planned_requests"] == 72
+        assert plan["planned"] == "estimate" and plan["basis"] == "requests"
+        text = subprocess.run([*SPECGEN, "status", str(run_dir)], capture_output=True,
+                              text=True, timeout=60).stdout
+        assert "progress" in text and "/~72 req" in text
         before = results_snapshot(run_dir)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
@@ -142,7 +148,7 @@ def test_specgen_stop_from_another_shell(tmp_path, sim_slow, sim_stuck):
     finally:
         proc.kill()
     assert stop.returncode == 0, stop.stderr
-    assert "asked the run" in stop.stdout and "stopped: stopped" in stop.stdout
+    assert "asked the run" in stop.stdout and "the run ended: state stopped" in stop.stdout
     assert proc.returncode == 5 and "specgen stop" in out
     assert count(run_dir, "SELECT COUNT(*) FROM attempts WHERE outcome='cancelled'") == 0
     again = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True, text=True,

@@ -54,6 +54,10 @@ def test_quickstart_runs_and_samples_are_exact(quickstart):
         rows = list(s.iter_results())
     assert any(r.request.get("tools") for r in rows if r.dataset == "glaive_tools")
     assert all(r.input_ids == r.true_prompt_ids + r.true_completion_ids for r in rows)
+    with Store.open(cfg.run_dir) as s:  # streamed: the first token after the headers
+        times = s.conn.execute("SELECT started_at, first_byte_at, first_token_at, ended_at "
+                               "FROM attempts WHERE outcome = 'ok'").fetchall()
+    assert times and all(a <= b <= c <= d for a, b, c, d in times)
 
 
 def test_quickstart_tool_loops_reuse_results_by_name(quickstart):
@@ -110,3 +114,18 @@ def test_quickstart_exports_carry_the_match_and_the_summary_shows_turns(quicksta
     glaive = out.split("glaive_tools [")[1].split("reasoning [")[0]
     assert "turns per conversation: 1 x" in glaive and "2 x" in glaive
     assert "samples reusing tool results, by weakest match: name " in glaive
+
+
+def test_preview_plans_a_range_holding_what_the_run_made(quickstart):
+    from specgen.preview import preview
+    from specgen.render import target_renderer
+    from specgen.tokenizer import load_tokenizer
+
+    cfg, _ = quickstart
+    result = preview(cfg, target_renderer(cfg, load_tokenizer("demo")), n=0)
+    st = run_status(cfg.run_dir)["datasets"]
+    for d in result.datasets:
+        made = st[d.name]["total"]
+        assert d.est_requests_min <= made <= d.est_requests, (d.name, made)
+    glaive = next(d for d in result.datasets if d.name == "glaive_tools")
+    assert glaive.est_requests_min < glaive.est_requests  # its tool calls decide

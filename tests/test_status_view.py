@@ -11,7 +11,7 @@ from rich.console import Console
 
 from specgen.config import load_config
 from specgen.engine.budget import Budget, Prices
-from specgen.engine.live import LiveView, progress_line, snapshot
+from specgen.engine.live import LiveView, progress_line, rows_text, snapshot
 from specgen.engine.policy import ProviderPolicy
 from specgen.engine.runner import RunOptions, run
 from specgen.engine.scheduler import Engine
@@ -39,7 +39,8 @@ def test_status_json_and_text(finished_run):
     out = subprocess.run([*SPECGEN, "status", str(cfg.run_dir), "--json"],
                          capture_output=True, text=True, timeout=60)
     st = json.loads(out.stdout)
-    assert st["state"] == "finished" and st["pid"] and st["stop_reason"] == "limit reached: a"
+    assert st["state"] == "finished" and st["stop_reason"] == "limit reached: a"
+    assert st["pid"] is None and st["session"]["pid"]  # no dead pid shown as current
     a = st["datasets"]["a"]
     assert (a["done"], a["total"], a["failed"], a["pending"]) == (10, 10, 0, 0)
     assert a["cost_usd"] > 0 and a["completion_tokens"] > 0 and a["prompt_tokens"] > 0
@@ -68,10 +69,14 @@ def test_live_view_and_progress_line_render(finished_run):
 
     _, cfg = finished_run
     eng = asyncio.run(_engine(cfg))
+    assert eng.row_counters["a"].done.wait(10)  # counted in the background: 12 rows
     snap = snapshot(eng)
-    assert snap["datasets"][0]["done"] == 10 and snap["datasets"][0]["fraction"] == 1.0
+    d = snap["datasets"][0]
+    assert d["done"] == 10 and d["fraction"] == 1.0 and d["progress"] == "10/10 req"
+    assert d["rows_total"] == 12 and rows_text(d) == "10/12"
+    assert snap["eta_s"] == 0.0  # nothing left (without that: none until a rate is known)
     line = progress_line(eng)
-    assert "a: 10 done 0 failed 0 pending [limit_reached]" in line
+    assert "a: tasks 10 done 0 failed 0 pending, 10/10 req [limit_reached]" in line
     assert "(reported; no prices known)" in line
     buf = io.StringIO()
     view = LiveView(eng, console=Console(file=buf, force_terminal=True, width=200))
@@ -107,3 +112,38 @@ def test_live_view_shows_quality_figures_exclusions_and_alarms(finished_run):
     assert "excluded provider Sloppy (auto): schema accuracy 40% < 90%" in text
     assert "ALARM raw_markers on a: 70% of 20 (stop)" in text
     assert eng.live_figures()["excluded_providers"]["Sloppy"]["by"] == "auto"
+
+
+def test_conversations_that_ended_early_are_named_with_their_reasons():
+    from specgen.engine.status import conversation_lines
+
+    lines = conversation_lines({"conversations": {"done": 20, "ended": 11},
+                                "end_reasons": {"tool_count_mismatch": 9,
+                                                "quarantined:empty": 2}})
+    assert lines[0] == ("conversations: done 20, ended early 11 (tool_count_mismatch 9, "
+                        "quarantined:empty 2)")
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_live_view_fits_the_terminal_without_cutting_names(tmp_path, width):
+    import asyncio
+
+    name = "glaive_function_calling_v2_subset"
+    write_jsonl(tmp_path / "g.jsonl", prompt_rows(4))
+    cfg = load_config(write_config(tmp_path, "sim", [{"name": name, "path": "g.jsonl"}]))
+    run(cfg, RunOptions(live=False))
+    eng = asyncio.run(_engine(cfg))
+    assert eng.row_counters[name].done.wait(10)
+    p = eng.stats.provider("Moonshot AI (a long provider name)")
+    p.requests, p.ok = 1234, 1200
+    p.errors.update({"rate_limit": 30, "stream_error": 4})
+    p.latency.add(1.5)
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=True, color_system=None)
+    console.print(LiveView(eng, console=console).render())
+    lines = buf.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= width
+    text = buf.getvalue()
+    assert name in text and "Moonshot AI (a long provider name)" in text  # never cut
+    assert "progress" in text and "4/~4 req" in text and "1,234" in text
+    assert ("prompt tok" in text) == (width >= 160)  # the least needed column goes first

@@ -39,7 +39,7 @@ def result_row(task: int, conv: int, ds: str = "a", turn: int = 1, ids=(1, 2, 3,
 def attempt_row(task: int, ds: str = "a", outcome: str = "ok", cost: float | None = 0.01,
                 ct: int = 5):
     return (task, 1, "http://x", "p1", "m", 1.0, 1.1, 1.2, outcome, 200, None, 10, ct, cost,
-            "gen", ds)
+            "gen", ds, 1.15)
 
 
 def seeded(tmp_path) -> Store:

@@ -48,7 +48,8 @@ def task_row(tid: int, status: str = "pending", attempts: int = 1):
 
 
 def attempt_row(tid: int):
-    return (tid, 1, "http://x", "p1", "m", 1.0, 1.1, 1.2, "ok", 200, None, 10, 5, 0.01, "g", "a")
+    return (tid, 1, "http://x", "p1", "m", 1.0, 1.1, 1.2, "ok", 200, None, 10, 5, 0.01, "g", "a",
+            1.15)
 
 
 def result_row(tid: int, n_ids: int = N_IDS):

@@ -6,20 +6,21 @@ import argparse
 import importlib
 import sys
 
-# Subcommand name -> module under specgen.commands. Each module defines
-# `add_parser(subparsers)` (which sets `func`) and keeps heavy imports inside its handler.
+# Subcommand name -> module under specgen.commands, in the order `--help` lists them: a run's
+# life first, then the tools beside it. Each module defines `add_parser(subparsers)` (which
+# sets `func`) and keeps heavy imports inside its handler.
 COMMANDS = [
-    "tokenize",
-    "sim",
     "run",
+    "preview",
+    "status",
     "stop",
     "provider",
-    "status",
-    "preview",
     "export",
     "verify",
     "report",
     "merge",
+    "tokenize",
+    "sim",
 ]
 
 
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specgen",
         description="Turn prompt datasets into exact-token training data for drafters.",
+        epilog="CONFIG is a run's TOML file; RUN_DIR a run dir, or the CONFIG whose run_dir "
+               "it is. First run: specgen run examples/quickstart.toml",
     )
     parser.add_argument("--version", action="version", version=f"specgen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

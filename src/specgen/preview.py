@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -67,7 +68,8 @@ class DatasetPreview:
     conversations_with_tools: int = 0
     tool_names: Counter = field(default_factory=Counter)
     dataset_tool_calls: int = 0
-    requests: int = 0
+    requests: int = 0  # planned as if the model answered as the dataset did (the most)
+    requests_min: int = 0  # if every conversation ended where a tool call could end it
     prompt_tokens: int = 0
     max_prompt_tokens: int = 0
     render_errors: int = 0
@@ -79,6 +81,10 @@ class DatasetPreview:
     warnings: list[str] = field(default_factory=list)
     samples: list[SamplePreview] = field(default_factory=list)
     error: str | None = None  # the dataset cannot be read at all
+    skip_invalid: bool = False  # what the run does with an invalid row: skip it, or stop
+    first_invalid: str | None = None  # where and why the first invalid row is invalid
+    requests_before_invalid: int = 0  # this dataset's requests planned before that row
+    requests_earlier: int | None = None  # the earlier datasets' (None: not previewed)
 
     @property
     def scale(self) -> float:
@@ -94,6 +100,15 @@ class DatasetPreview:
     @property
     def est_requests(self) -> int:
         return round(self.requests * self.scale)
+
+    @property
+    def est_requests_min(self) -> int:
+        return round(self.requests_min * self.scale)
+
+    @property
+    def stops(self) -> bool:
+        """The run stops at this dataset's first invalid row (skip_invalid = false)."""
+        return self.rows_invalid > 0 and not self.skip_invalid
 
     @property
     def est_prompt_tokens(self) -> int:
@@ -124,6 +139,11 @@ class DatasetPreview:
             "requests_scanned": self.requests, "prompt_tokens_scanned": self.prompt_tokens,
             "max_prompt_tokens": self.max_prompt_tokens, "render_errors": self.render_errors,
             "estimated_requests": self.est_requests,
+            "estimated_requests_min": self.est_requests_min,
+            "invalid_rows": "skip" if self.skip_invalid else "stop",
+            "stops_at": None if not self.stops else {
+                "row": self.first_invalid, "requests_before": self.requests_before_invalid,
+                "requests_of_earlier_datasets": self.requests_earlier},
             "estimated_prompt_tokens": self.est_prompt_tokens,
             "max_tokens": self.max_tokens, "token_budget": self.token_budget,
             "worst_case_completion_tokens": self.worst_completion_tokens,
@@ -163,6 +183,14 @@ def preview(
         raise KeyError(f"no dataset named {dataset!r} (the config has: "
                        f"{', '.join(d.name for d in cfg.datasets)})")
     out = [preview_dataset(cfg, d, renderer, n=n, scan=scan) for d in chosen]
+    complete = len(chosen) == len(cfg.datasets)
+    earlier = 0
+    for p in out:
+        p.requests_earlier = earlier if complete and not any(
+            d.weight is not None for d in cfg.datasets) else None
+        earlier += p.est_requests
+        if p.stops:
+            p.warnings.append(_stop_warning(p))
     prices, origin = known_prices(cfg, fetch=fetch_prices)
     return Preview(out, prices, request_dialect(cfg), origin, cfg.budget.max_cost_usd)
 
@@ -171,7 +199,7 @@ def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n:
                     scan: int) -> DatasetPreview:
     p = DatasetPreview(name=ds.name, path=str(ds.path), format=ds.format, turns=ds.turns,
                        max_tokens=cfg.max_tokens_for(ds), limit=ds.limit,
-                       token_budget=ds.token_budget)
+                       token_budget=ds.token_budget, skip_invalid=ds.skip_invalid)
     try:
         if ds.format == "auto":
             p.format = f"{detect_dataset_format(ds)} (detected)"
@@ -203,6 +231,10 @@ def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n:
 def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: DatasetPreview,
                row: Row, n: int) -> None:
     if row.error is not None:
+        if p.first_invalid is None:
+            p.first_invalid = f"row {row.index} ({row.error.file}" + (
+                f":{row.error.line})" if row.error.line is not None else ")")
+            p.requests_before_invalid = p.requests
         p.rows_invalid += 1
         p.invalid_reasons[_reason_kind(row.error.reason)] += 1
         if len(p.invalid_examples) < 10:
@@ -222,7 +254,9 @@ def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: Dataset
                 f"conversation {conv.id}: the system text looks like it holds tool definitions, "
                 "but no tools were found; they would reach the model as plain text, not as "
                 "the tools parameter (format = \"glaive\"? or give the row a `tools` field)")
-    for req in planned_requests(conv, ds.turns, ds.tool_results):
+    planned = planned_requests(conv, ds.turns, ds.tool_results)
+    rendered = p.requests
+    for req in planned:
         try:
             ids = renderer.prompt_ids(req.messages, req.tools)
         except RenderError:
@@ -233,6 +267,7 @@ def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: Dataset
         p.max_prompt_tokens = max(p.max_prompt_tokens, len(ids))
         if len(p.samples) < n and (not p.samples or p.samples[-1].conversation_id != conv.id):
             p.samples.append(_sample(cfg, ds, renderer, conv, row.index, req, ids))
+    p.requests_min += min(fewest_requests(conv, planned), p.requests - rendered)
 
 
 def planned_requests(conv: Conversation, turns: str,
@@ -248,6 +283,31 @@ def planned_requests(conv: Conversation, turns: str,
         if step.turn >= len(conv.messages):
             return out
         answers[step.turn] = AssistantMessage.from_openai(conv.messages[step.turn])
+
+
+def fewest_requests(conv: Conversation, planned: list[TurnRequest]) -> int:
+    """The requests of `planned` a run makes at least: a conversation ends early at the first
+    answer whose tool calls differ from the dataset's (`planner`), which any answer can do
+    when tools are declared (the model may call one), and an answer where the dataset
+    called a tool can do without them (the model may not call it)."""
+    for k, req in enumerate(planned, 1):
+        if conv.tools or (req.turn < len(conv.messages)
+                          and conv.messages[req.turn].get("tool_calls")):
+            return k
+    return len(planned)
+
+
+def _stop_warning(p: DatasetPreview) -> str:
+    """What the run does at the first invalid row when it does not skip them."""
+    spent = f"up to {p.requests_before_invalid:,} request(s) of this dataset"
+    if p.requests_earlier:
+        spent = f"up to ~{p.requests_earlier:,} of the datasets before it and " + spent
+    elif p.requests_earlier is None:
+        spent += " and what the other datasets sent by then"
+    return (f"{p.rows_invalid:,} invalid row(s) and skip_invalid = false: the run stops with an "
+            f"error when it reaches the first one, {p.first_invalid}; by then {spent} are "
+            "sent and paid for. Fix the rows, or set skip_invalid = true to skip and record "
+            "them")
 
 
 def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Conversation,
@@ -291,33 +351,84 @@ def request_headers(cfg: RunConfig) -> dict[str, str]:
     return headers
 
 
+NO_PRICES = ("unknown: run with --fetch-prices (one free GET of the endpoint list), or set "
+             "[budget] prompt_price_per_m / completion_price_per_m")
+
+
 def known_prices(cfg: RunConfig, *, fetch: bool = False):
-    """(Prices, origin in words): [budget] first, then the simulator's providers or (fetch) the
-    endpoint list, at the highest price of an endpoint the provider policy allows."""
+    """(Prices, origin in words): [budget] first, then the simulator's providers, (fetch) the
+    endpoint list, or the endpoint prices the run dir's last run recorded (cached), at the
+    highest price of an endpoint the provider policy allows."""
     from .engine.budget import resolve_prices
     from .engine.policy import ProviderPolicy
 
     b = cfg.budget
     endpoints = []
+    cached = None
     origin = "the endpoint list"
     if b.prompt_price_per_m is None or b.completion_price_per_m is None:
         if cfg.endpoint.is_sim:
             endpoints, origin = _sim_endpoints(cfg), "the simulator's providers"
         elif fetch:
             endpoints = _fetch_endpoints(cfg)
+            if not endpoints:
+                origin = "unknown: the endpoint list could not be fetched"
+        if not endpoints and not cfg.endpoint.is_sim:
+            cached = cached_prices(cfg.run_dir)
     policy = ProviderPolicy(cfg.endpoint.provider, endpoints)
-    prices = resolve_prices(b.prompt_price_per_m, b.completion_price_per_m,
-                            policy.max_prices() if endpoints else None)
-    words = {"config": "[budget]", "endpoints": f"{origin}, highest allowed endpoint",
-             "config+endpoints": f"[budget] and {origin}"}
-    return prices, words.get(prices.source, "unknown")
+    if cached is not None:
+        found, origin = cached
+    else:
+        found = policy.max_prices() if endpoints else None
+    prices = resolve_prices(b.prompt_price_per_m, b.completion_price_per_m, found)
+    where = origin if cached else f"{origin}, highest allowed endpoint"
+    words = {"config": "[budget]", "endpoints": where, "config+endpoints": f"[budget] and {where}"}
+    unknown = origin if origin.startswith("unknown") else NO_PRICES
+    return prices, words.get(prices.source, unknown)
+
+
+def cached_prices(run_dir) -> tuple[tuple[float | None, float | None], str] | None:
+    """The endpoint prices (USD per token) the last run in `run_dir` recorded, and their
+    origin in words; None when there is no such run (read-only: preview writes nothing)."""
+    import time as _time
+
+    import orjson
+
+    from .store import STORE_FILE, Store, StoreError
+
+    if not (Path(run_dir) / STORE_FILE).exists():
+        return None
+    try:
+        with Store.open(run_dir) as store:
+            raw = store.get_meta("prices")
+            sessions = store.sessions()
+    except (StoreError, OSError, ValueError):
+        return None
+    try:
+        p = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        return None
+    if "endpoints" not in str(p.get("source", "")):
+        return None
+    per_m = (p.get("prompt_per_m"), p.get("completion_per_m"))
+    if None in per_m:
+        return None
+    when = ""
+    if sessions and sessions[-1].get("started_at"):
+        when = " at " + _time.strftime("%Y-%m-%d %H:%M",
+                                       _time.localtime(sessions[-1]["started_at"]))
+    origin = (f"the endpoint list cached in {os.path.normpath(run_dir)} by its last run{when}; "
+              "--fetch-prices for today's")
+    return (per_m[0] / 1e6, per_m[1] / 1e6), origin
 
 
 def _sim_endpoints(cfg: RunConfig):
     from .engine.policy import Endpoint
     from .sim.config import SimConfig, load_sim_config
 
-    sim = load_sim_config(cfg.sim.config) if cfg.sim.config else SimConfig()
+    sim = cfg.sim.config
+    if not isinstance(sim, SimConfig):  # a path (a config object when built in code)
+        sim = load_sim_config(sim) if sim else SimConfig()
     return [Endpoint(provider_name=p.name, tag=p.tag, quantization=p.quantization,
                      prompt_price=p.prompt_price(), completion_price=p.completion_price())
             for p in sim.providers if not p.models or _serves(p.models, cfg.target.model)]
@@ -355,9 +466,6 @@ def _warn(p: DatasetPreview, ds: DatasetConfig) -> None:
     if len(p.warnings) > 3:
         more = len(p.warnings) - 3
         p.warnings = p.warnings[:3] + [f"... and {more} more such conversations"]
-    if p.rows_invalid and not ds.skip_invalid:
-        p.warnings.append(f"{p.rows_invalid} invalid row(s): the run stops at the first one "
-                          "(set skip_invalid = true to skip and record them)")
     if p.dataset_tool_calls and not p.conversations_with_tools:
         p.warnings.append("the dataset has tool calls but declares no tools")
     if p.render_errors:

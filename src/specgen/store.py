@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from .display import UNKNOWN_PROVIDER
+
 SCHEMA_VERSION = 1
 STORE_FILE = "state.sqlite"
 
@@ -56,7 +58,8 @@ CREATE TABLE IF NOT EXISTS attempts(
   id INTEGER PRIMARY KEY, task INTEGER NOT NULL, session INTEGER, base_url TEXT,
   provider TEXT, model TEXT, started_at REAL, first_byte_at REAL, ended_at REAL,
   outcome TEXT NOT NULL, http_status INTEGER, error TEXT, prompt_tokens INTEGER,
-  completion_tokens INTEGER, cost_usd REAL, generation_id TEXT, dataset TEXT);
+  completion_tokens INTEGER, cost_usd REAL, generation_id TEXT, dataset TEXT,
+  first_token_at REAL);
 CREATE INDEX IF NOT EXISTS attempts_task ON attempts(task);
 CREATE TABLE IF NOT EXISTS results(
   task INTEGER PRIMARY KEY REFERENCES tasks(id), conversation INTEGER NOT NULL,
@@ -95,6 +98,7 @@ CREATE TABLE IF NOT EXISTS events(
 # Columns added to a table after its first release; `Store.create` adds them to older stores.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "results": (("count_check", "TEXT"), ("tool_matches", "TEXT"), ("quantization", "TEXT")),
+    "attempts": (("first_token_at", "REAL"),),
 }
 
 
@@ -468,10 +472,11 @@ class Store:
 
     def _add_missing_columns(self) -> None:
         """Columns added since a store was created (same schema version: additive only)."""
-        have = {row[1] for row in self.conn.execute("PRAGMA table_info(results)")}
-        for name, decl in ADDED_COLUMNS["results"]:
-            if name not in have:
-                self.conn.execute(f"ALTER TABLE results ADD COLUMN {name} {decl}")
+        for table, added in ADDED_COLUMNS.items():
+            have = {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}
+            for name, decl in added:
+                if name not in have:
+                    self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     def _attempt_groups(self) -> list[tuple]:
         """(dataset, provider, outcome, attempts, prompt, completion, cost, cost_known) rows:
@@ -766,7 +771,7 @@ class Store:
         """Per answering provider: attempts by outcome, tokens, cost."""
         out: dict[str, dict[str, Any]] = {}
         for _ds, provider, outcome, n, pt, ct, cost, _k in self._attempt_groups():
-            p = out.setdefault(provider or "(unknown)", {
+            p = out.setdefault(provider or UNKNOWN_PROVIDER, {
                 "requests": 0, "outcomes": {}, "prompt_tokens": 0, "completion_tokens": 0,
                 "cost_usd": 0.0})
             p["requests"] += n
@@ -855,7 +860,8 @@ DATASET_COLUMNS = (
 )
 ATTEMPT_COLUMNS = (
     "task, session, base_url, provider, model, started_at, first_byte_at, ended_at, outcome, "
-    "http_status, error, prompt_tokens, completion_tokens, cost_usd, generation_id, dataset"
+    "http_status, error, prompt_tokens, completion_tokens, cost_usd, generation_id, dataset, "
+    "first_token_at"
 )
 RESULT_INSERT_COLUMNS = (
     "task, conversation, dataset, turn, provider, model, finish_reason, native_finish_reason, "

@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from .conversation import AssistantMessage
+from .display import UNKNOWN_PROVIDER
 from .export.snapshot import read_snapshot
 from .store import ResultRow, decode_result_row
 
@@ -142,7 +143,7 @@ class VerifyReport:
     providers: dict[tuple[str, str | None], ProviderCheck] = field(default_factory=dict)
 
     def provider(self, name: str | None, base_url: str | None) -> ProviderCheck:
-        key = (name or "(unknown)", base_url)
+        key = (name or UNKNOWN_PROVIDER, base_url)
         if key not in self.providers:
             self.providers[key] = ProviderCheck(*key)
         return self.providers[key]
@@ -535,12 +536,12 @@ def first_diff(a: Sequence[int], b: Sequence[int]) -> int:
 def format_report(r: VerifyReport) -> str:
     """The plain-text summary `specgen verify` prints."""
     lines = [f"verify {r.run_dir}  (renderer {r.renderer})",
-             f"  samples checked      {r.samples}",
-             f"  samples passing      {r.samples_ok}"]
+             f"  samples checked      {r.samples:,}",
+             f"  samples passing      {r.samples_ok:,}"]
     if r.failures:
         lines.append("  failing checks:")
         for check, n in sorted(r.failures.items()):
-            lines.append(f"    {check:<16} {n} sample(s)")
+            lines.append(f"    {check:<16} {n:,} sample(s)")
         lines.append("  first problems:")
         for p in r.problems:
             lines.append(f"    [{p.check}] {p.dataset}/{p.conv_id} turn {p.turn} (task {p.task}): "
@@ -552,9 +553,9 @@ def format_report(r: VerifyReport) -> str:
             lines.append(f"  {'true ' + kind + ' ids':<20} none returned by the backend")
             continue
         extra = f", {s.equal_but_stop} equal without the final stop token" if s.equal_but_stop else ""
-        lines.append(f"  {'true ' + kind + ' ids':<20} {s.equal}/{s.checked} equal ours exactly "
-                     f"({100 * (s.equal + s.equal_but_stop) / s.checked:.2f}% match{extra}); "
-                     f"{s.mismatched} differ, {s.same_text} of them same text")
+        lines.append(f"  {'true ' + kind + ' ids':<20} {s.equal:,}/{s.checked:,} equal ours "
+                     f"exactly ({100 * (s.equal + s.equal_but_stop) / s.checked:.2f}% "
+                     f"match{extra}); {s.mismatched:,} differ, {s.same_text:,} of them same text")
         for ex in s.examples:
             lines.append(f"    {ex['dataset']}/{ex['conv_id']} turn {ex['turn']}: at token "
                          f"{ex['position']} (after {ex['context']!r}): ours "
@@ -570,7 +571,7 @@ def format_report(r: VerifyReport) -> str:
 def _pct(m: IdMatch) -> str:
     if not m.checked:
         return "—"
-    return f"{m.equal + m.equal_but_stop}/{m.checked} ({100 * (m.rate or 0):.2f}%)"
+    return f"{m.equal + m.equal_but_stop:,}/{m.checked:,} ({100 * (m.rate or 0):.2f}%)"
 
 
 def format_providers(r: VerifyReport) -> list[str]:

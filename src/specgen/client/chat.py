@@ -261,6 +261,7 @@ class ChatClient:
         assert task is not None
         started = time.time()
         first_byte_at: float | None = None
+        first_token_at: float | None = None
         deadline = Deadline(loop, task, first_byte=self.first_byte_timeout,
                             idle=self.idle_timeout, total=self.total_timeout)
         healthy: bool | None = None
@@ -289,7 +290,7 @@ class ChatClient:
                         ctype = resp.content_type
                         if ctype == "text/event-stream" or (stream and ctype != "application/json"):
                             parser = StreamParser()
-                            await self._read_stream(resp, deadline, parser)
+                            first_token_at = await self._read_stream(resp, deadline, parser)
                             result = parser.finish()
                             if token_api is not None:
                                 result = finish_token_answer(result)
@@ -365,6 +366,7 @@ class ChatClient:
         result.started_at = started
         result.first_byte_at = first_byte_at
         result.ended_at = time.time()
+        result.first_token_at = first_token_at or result.ended_at
         if self.has_key:
             self._scrub(result)
         return result
@@ -395,18 +397,22 @@ class ChatClient:
         return b"".join(chunks), False
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, deadline: Deadline,
-                           parser: StreamParser) -> None:
+                           parser: StreamParser) -> float | None:
+        """Feed the body to `parser`; the time its first output byte arrived (None: none)."""
         content = resp.content
         now = deadline._loop.time
         feed = parser.feed
+        first: float | None = None
         while True:
             block = await content.readany()
             if not block:
-                return
+                return first
             deadline.last = now()
             feed(block)
+            if first is None and parser.has_output:
+                first = time.time()
             if parser.done:
-                return
+                return first
 
     @staticmethod
     def _parse_json(data: bytes) -> Any:

@@ -554,3 +554,8 @@ class StreamParser:
     @property
     def failed(self) -> bool:
         return self.error is not None or self.finish_reason == "error"
+
+    @property
+    def has_output(self) -> bool:
+        """Whether the model's output has begun: content, reasoning, a tool call or an id."""
+        return bool(self._content or self._reasoning or self._tools or self._completion_ids)

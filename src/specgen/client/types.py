@@ -39,7 +39,10 @@ class ChatResponse:
     completion_token_ids: list[int] | None = None
     base_url: str | None = None
     started_at: float = 0.0
-    first_byte_at: float | None = None
+    first_byte_at: float | None = None  # the response headers arrived
+    # the first byte of the model's output (content, reasoning, a tool call) arrived; for an
+    # answer that is not streamed, when its body was read (= ended_at)
+    first_token_at: float | None = None
     ended_at: float = 0.0
     stream: bool = False
     http_status: int | None = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -12,7 +14,7 @@ def add_parser(subparsers) -> None:
         description="Stream the stored samples of a run into files drafter trainers load "
                     "unchanged, with a manifest JSON next to them. Safe while the run is "
                     "still writing (one consistent snapshot per export).")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    add_run_dir(p)
     p.add_argument("--format", "-f", required=True, choices=["tokens", "specforge", "openai"],
                    help="tokens: input_ids + loss_mask (Parquet, or JSONL with --jsonl); "
                         "specforge: SpecForge conversation JSONL; openai: OpenAI messages JSONL")
@@ -40,9 +42,17 @@ def run(args: argparse.Namespace) -> int:
     import sqlite3
     from pathlib import Path
 
+    from ..config import ConfigError
+    from ..display import path as tidy
     from ..export import ExportError, ExportOptions, export_run
     from ..export.atomic import describe_os_error
     from ..store import StoreError
+
+    try:
+        args.run_dir = resolve_run_dir(args.run_dir)
+    except (ConfigError, RunDirError) as exc:
+        print(f"specgen export: {exc}", file=sys.stderr)
+        return 2
 
     opts = ExportOptions(
         format=args.format, out=Path(args.output) if args.output else None,
@@ -66,18 +76,19 @@ def run(args: argparse.Namespace) -> int:
     t = manifest["totals"]
     out = Path(manifest["options"]["out"])
     for f in manifest["files"]:
-        print(f"wrote {f['rows']} rows to {out / f['path'] if opts.split_by_dataset else out}")
-    print(f"{t['samples']} samples, {t['tokens']} tokens ({t['loss_tokens']} trained on); "
-          f"manifest {manifest['manifest_path']}")
+        print(f"wrote {f['rows']:,} rows to "
+              f"{tidy(out / f['path'] if opts.split_by_dataset else out)}")
+    print(f"{t['samples']:,} samples, {t['tokens']:,} tokens ({t['loss_tokens']:,} trained on); "
+          f"manifest {tidy(manifest['manifest_path'])}")
     if t["true_id_samples"]:
-        print(f"{t['true_id_samples']} of them as the backend's own ids (true ids)")
+        print(f"{t['true_id_samples']:,} of them as the backend's own ids (true ids)")
     if t["excluded_mismatch"]:
-        print(f"left out {t['excluded_mismatch']} sample(s) whose ids contradict the provider's "
+        print(f"left out {t['excluded_mismatch']:,} sample(s) whose ids contradict the provider's "
               "token counts (count_check = mismatch); --include-mismatched exports them")
     if t["excluded_provider"]:
-        print(f"left out {t['excluded_provider']} sample(s) of excluded providers "
+        print(f"left out {t['excluded_provider']:,} sample(s) of excluded providers "
               f"({', '.join(manifest['excluded']['providers'])}); "
               "--include-excluded-providers exports them")
     if not t["excluded_mismatch"] and opts.include_mismatched and t["count_checks"].get("mismatch"):
-        print(f"included {t['count_checks']['mismatch']} sample(s) with count_check = mismatch")
+        print(f"included {t['count_checks']['mismatch']:,} sample(s) with count_check = mismatch")
     return 0

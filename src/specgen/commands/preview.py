@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
             "the loss mask. Makes no API call and writes nothing."
         ),
     )
-    p.add_argument("config", metavar="CONFIG", help="the run config (TOML)")
+    p.add_argument("config", metavar="CONFIG", help="the run's TOML config")
     p.add_argument("-n", type=int, default=3, metavar="N",
                    help="sample conversations shown per dataset (default 3)")
     p.add_argument("--dataset", metavar="NAME", help="only this dataset")
@@ -75,12 +75,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"specgen preview: {exc.args[0]}", file=sys.stderr)
         return 2
     if args.json:
+        from ..display import clean_floats
+
+        datasets = []
+        for d in result.datasets:  # the sample bodies stay byte for byte what is sent
+            fig = d.to_json(result.prices)
+            datasets.append({**clean_floats(fig), "samples": fig["samples"]})
         out = {"config": str(cfg.source), "model": cfg.target.model,
                "renderer": cfg.target.renderer, "dialect": result.dialect,
-               "prices": {**result.prices.to_json(), "origin": result.price_origin},
-               "worst_case_cost_usd": result.total_cost(),
-               "max_cost_usd": result.max_cost_usd,
-               "datasets": [d.to_json(result.prices) for d in result.datasets]}
+               "prices": clean_floats({**result.prices.to_json(),
+                                       "origin": result.price_origin}),
+               "worst_case_cost_usd": clean_floats(result.total_cost()),
+               "max_cost_usd": result.max_cost_usd, "datasets": datasets}
         sys.stdout.write(json.dumps(out, ensure_ascii=False, indent=1) + "\n")
     else:
         Printer(cfg, tokenizer, result, color=not args.no_color, full=args.full).print()
@@ -112,14 +118,17 @@ class Printer:
         total = r.total_cost()
         c.print()
         if total is None:
-            text = ("unknown (no prices: set [budget] prompt_price_per_m / "
-                    "completion_price_per_m, or --fetch-prices)")
+            text = "unknown (no prices; see above)"
         else:
             text = f"${total:,.2f}"
             if r.max_cost_usd is not None and total > r.max_cost_usd:
                 text += f", but the run stops at [budget] max_cost_usd = ${r.max_cost_usd:,.2f}"
             elif r.max_cost_usd is not None:
                 text += f" (within [budget] max_cost_usd = ${r.max_cost_usd:,.2f})"
+        stop = next((d for d in r.datasets if d.error is None and d.stops), None)
+        if stop is not None:
+            text += (f"; but the run stops with an error at the first invalid row of "
+                     f"{stop.name} (skip_invalid = false), so it does not get that far")
         c.print(self._b("worst case, all datasets: ") + text)
 
     # -- sections -------------------------------------------------------------------------
@@ -143,16 +152,23 @@ class Printer:
                     f"{d.dataset_tool_calls} tool call(s) in the data")
         else:
             c.print("  tools    none found")
-        limit = f", limit {d.limit} conversations" if d.limit is not None else ""
-        c.print(f"  requests ~{d.est_requests:,} planned{limit}; ~{d.est_prompt_tokens:,} prompt "
-                f"tokens (largest prompt {d.max_prompt_tokens:,})")
+        limit = f", limit {d.limit:,} conversations" if d.limit is not None else ""
+        if d.est_requests_min < d.est_requests:
+            planned = (f"{d.est_requests_min:,}–{d.est_requests:,} planned{limit} (tool calls "
+                       "decide: a conversation ends early at an answer whose tool calls differ "
+                       "from the dataset's; the worst case counts the most)")
+        else:
+            planned = f"{d.est_requests:,} planned{limit}"
+        c.print(f"  requests {'' if d.complete else '~'}{planned}; ~{d.est_prompt_tokens:,} "
+                f"prompt tokens (largest prompt {d.max_prompt_tokens:,})")
         cost = d.worst_case_cost(self.result.prices)
         cost_s = f"${cost:,.2f}" if cost is not None else "unknown (no prices)"
         cap = "" if d.token_budget is None else (
             f", capped by token_budget = {d.token_budget:,} completion tokens")
         c.print(f"  worst    {cost_s}: every request answered with max_tokens = {d.max_tokens:,}{cap}")
+        label = "skipped " if d.skip_invalid else "invalid "
         for reason, count in d.invalid_reasons.most_common(8):
-            c.print(f"  skipped  {count} x {reason}")
+            c.print(f"  {label} {count:,} x {reason}")
         for ex in d.invalid_examples[:3]:
             c.print(f"           e.g. {ex}")
         for w in d.warnings:
@@ -242,8 +258,7 @@ class Printer:
     def _prices(self) -> str:
         p = self.result.prices
         if not p.known:
-            return ("unknown (set [budget] prompt_price_per_m and completion_price_per_m, "
-                    "or --fetch-prices)")
+            return self.result.price_origin
         return (f"${p.prompt * 1e6:.2f} prompt / ${p.completion * 1e6:.2f} completion per M "
                 f"tokens (from {self.result.price_origin})")
 

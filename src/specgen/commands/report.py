@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -12,7 +14,7 @@ def add_parser(subparsers) -> None:
         description="Tokens and cost per dataset and provider, completion lengths, finish "
                     "reasons, errors over time, latency percentiles, repairs, quarantines, "
                     "budget and stops. Safe while the run is still writing.")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    add_run_dir(p)
     p.add_argument("-o", "--output", metavar="PATH",
                    help="HTML file to write (default RUN_DIR/report.html)")
     p.add_argument("--text", action="store_true", help="print the numbers in the terminal")
@@ -22,12 +24,14 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ..config import ConfigError
     from ..report import build_report
     from ..store import StoreError
 
     try:
+        args.run_dir = resolve_run_dir(args.run_dir)
         out = build_report(args.run_dir, text=args.text)
-    except StoreError as exc:
+    except (StoreError, ConfigError, RunDirError) as exc:
         print(f"specgen report: {exc}", file=sys.stderr)
         return 2
     if args.text:

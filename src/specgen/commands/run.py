@@ -11,12 +11,16 @@ def add_parser(subparsers) -> None:
         "run", help="send a config's prompts to the target model and store exact samples",
         description="Run (or resume) the generation described by CONFIG. Rerunning the same "
                     "config continues where it stopped; Ctrl-C stops cleanly (twice: now).")
-    p.add_argument("config", help="the run's TOML file")
+    p.add_argument("config", metavar="CONFIG", help="the run's TOML config")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="store the run in DIR instead of the config's run_dir (one config, "
+                        "one run dir per shard or machine)")
     p.add_argument("--shard", metavar="I/N",
                    help="take only shard I of N of every dataset (by conversation id)")
     p.add_argument("--force-new", action="store_true",
                    help="start a fresh store even if the config changed results (the old "
-                        "store is moved to RUN_DIR/previous/, never deleted)")
+                        "store, its exports and report are moved to RUN_DIR/previous/, "
+                        "never deleted)")
     p.add_argument("--drain-timeout", type=float, metavar="S",
                    help="on a first stop, wait at most S seconds for in-flight requests "
                         "(default: [engine] drain_timeout, 60)")
@@ -40,6 +44,10 @@ def handle(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"specgen run: {exc}", file=sys.stderr)
         return 2
+    if args.run_dir:
+        from pathlib import Path
+
+        cfg.run_dir = Path(args.run_dir).expanduser()
     if args.drain_timeout is not None and args.drain_timeout < 0:
         print("specgen run: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
@@ -57,17 +65,30 @@ def handle(args: argparse.Namespace) -> int:
         print(f"run {outcome.state}: {outcome.stop_reason}")
         print(f"  (no summary: the store cannot be read: {exc})", file=sys.stderr)
         return outcome.exit_code
-    print_summary(status, outcome.state, outcome.stop_reason, config=args.config)
+    print_summary(status, outcome.state, outcome.stop_reason, config=args.config,
+                  rerun=_rerun_args(args))
     return outcome.exit_code
 
 
-def print_summary(status: dict, state: str, reason: str, config: str | None = None) -> None:
+def _rerun_args(args: argparse.Namespace) -> str:
+    """The options a rerun of this run needs besides the config (its dir, its shard)."""
+    out = ""
+    if args.run_dir:
+        out += f" --run-dir {args.run_dir}"
+    if args.shard:
+        out += f" --shard {args.shard}"
+    return out
+
+
+def print_summary(status: dict, state: str, reason: str, config: str | None = None,
+                  rerun: str = "") -> None:
     from ..engine.status import conversation_lines
 
     print(f"run {state}: {reason}")
     for name, d in status["datasets"].items():
-        print(f"  {name} [{d['state']}]: {d['done']} done, {d['failed']} failed, "
-              f"{d['quarantined']} quarantined, {d['pending']} pending; "
+        print(f"  {name} [{d['state']}]: tasks {d['done']:,} done, {d['failed']:,} failed, "
+              f"{d['quarantined']:,} quarantined, {d['pending']:,} pending "
+              f"({d['attempts']:,} attempts); "
               f"{d['completion_tokens']:,} completion tokens, ${d['cost_usd']:.4f}")
         for line in conversation_lines(d):
             print(f"    {line}")
@@ -80,7 +101,8 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
         print("  failed tasks by class (last error):")
         for kind, f in failures.items():
             print(f"    {kind}: {f['count']:,} — {_short(f['last_error'])}")
-        cmd = f"specgen run {config} --retry-failed" if config else "rerun with --retry-failed"
+        cmd = (f"specgen run {config}{rerun} --retry-failed" if config
+               else "rerun with --retry-failed")
         print(f"  to send them again with a fresh attempt budget: {cmd}")
     if state == "stopped":
         print("  rerun the same command to resume")

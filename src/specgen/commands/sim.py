@@ -14,7 +14,8 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8790, help="port (0 = a free one; default 8790)")
-    p.add_argument("--config", help="sim TOML file (default: built-in defaults)")
+    p.add_argument("--config", metavar="SIM_TOML",
+                   help="the simulator's TOML file (default: built-in defaults)")
     p.add_argument("--seed", type=int, default=None, help="seed (default: the config's, 0)")
     p.add_argument("--print-config", action="store_true",
                    help="print the effective configuration as JSON and exit")

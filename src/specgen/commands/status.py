@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "status", help="show a run's progress (read-only; safe while it runs)",
         description="Figures of a run from its store: state, cost, per dataset and provider.")
-    p.add_argument("run_dir", help="the run dir (or the run's TOML config)")
+    add_run_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=handle)
-
-
-def resolve_run_dir(arg: str) -> Path:
-    """A run dir, or the run_dir of a config file."""
-    path = Path(arg)
-    if path.is_file() and path.suffix == ".toml":
-        from ..config import load_config
-
-        return Path(load_config(path).run_dir)
-    return path
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -35,11 +26,14 @@ def handle(args: argparse.Namespace) -> int:
 
     try:
         status = run_status(resolve_run_dir(args.run_dir))
-    except (StoreError, ConfigError) as exc:
+    except (StoreError, ConfigError, RunDirError) as exc:
         print(f"specgen status: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode() + "\n")
+        from ..display import clean_floats
+
+        sys.stdout.write(orjson.dumps(clean_floats(status),
+                                      option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print_status(status)
     return 0
@@ -58,6 +52,12 @@ def print_status(s: dict) -> None:
     head += f"  cost [green]${s['cost_usd']:.4f}{cap}[/green]"
     if s.get("concurrency") is not None:
         head += f"  in flight {s.get('in_flight')} (limit {s['concurrency']})"
+    progress = (s.get("live") or {}).get("progress") or {}
+    if progress.get("eta_s") is not None:
+        from ..engine.progress import fmt_duration
+
+        head += (f"  ETA {'≥' if progress.get('eta_lower_bound') else ''}"
+                 f"{fmt_duration(progress['eta_s'])}")
     console.print(head)
     if s.get("concurrency_reason"):
         console.print(f"  limit below the configured concurrency: {s['concurrency_reason']}")
@@ -71,14 +71,18 @@ def print_status(s: dict) -> None:
     if s["stop_reason"]:
         console.print(f"  {escape(s['stop_reason'])}")
     t = Table(box=None, header_style="bold")
-    for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending", "rows read",
-                "prompt tok", "compl. tok", "cost $"):
+    plans = progress.get("datasets") or {}
+    for col in ("dataset", "state", "tasks done", "failed", "quar.", "pending", "attempts",
+                "rows read", "prompt tok", "compl. tok", "cost $",
+                *(("progress",) if plans else ())):
         t.add_column(col, justify="left" if col in ("dataset", "state") else "right")
     for name, d in s["datasets"].items():
-        t.add_row(name, d["state"], str(d["done"]), str(d["total"]), str(d["failed"]),
-                  str(d["quarantined"]), str(d["pending"]), str(d["rows_read"]),
+        t.add_row(name, d["state"], f"{d['done']:,}", f"{d['failed']:,}",
+                  f"{d['quarantined']:,}", f"{d['pending']:,}", f"{d['attempts']:,}",
+                  f"{d['rows_read']:,}",
                   f"{d['prompt_tokens']:,}", f"{d['completion_tokens']:,}",
-                  f"{d['cost_usd']:.4f}")
+                  f"{d['cost_usd']:.4f}",
+                  *(((plans.get(name) or {}).get("label", "-"),) if plans else ()))
     console.print(t)
     from ..engine.status import conversation_lines, quality_cell
 
@@ -87,7 +91,8 @@ def print_status(s: dict) -> None:
         if lines:
             console.print(f"  {name}: " + "; ".join(lines), markup=False, highlight=False)
     for kind, f in (s.get("failures") or {}).items():
-        console.print(f"  failed: {kind} x{f['count']:,} (last: {(f['last_error'] or '')[:160]})")
+        console.print(f"  failed tasks: {kind} x{f['count']:,} "
+                      f"(last: {(f['last_error'] or '')[:160]})")
     for name, info in (s.get("excluded_providers") or {}).items():
         console.print(f"  [yellow]excluded provider {escape(name)}[/yellow] "
                       f"({info.get('by', '?')}): {escape(str(info.get('reason', '')))}; "
@@ -110,7 +115,7 @@ def print_status(s: dict) -> None:
             state = (witness.get(name) or {}).get("completion", {}).get("state")
             if state == "unusable":
                 checks += " (counts unusable)"
-            p.add_row(name, str(v["requests"]), outcomes, checks or "-",
+            p.add_row(name, f"{v['requests']:,}", outcomes, checks or "-",
                       quality_cell(((s.get("quality") or {}).get("providers") or {}).get(name),
                                    name in (s.get("excluded_providers") or {})),
                       f"{v['completion_tokens']:,}", f"{v['cost_usd']:.4f}")

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -13,7 +15,7 @@ def add_parser(subparsers) -> None:
         description="Ask the engine running in RUN_DIR to stop. By default it stops sending, "
                     "lets in-flight requests finish (up to its drain timeout) and commits; "
                     "--now cancels in-flight requests and commits what is done.")
-    p.add_argument("run_dir", help="the run dir (or the run's TOML config)")
+    add_run_dir(p)
     p.add_argument("--now", action="store_true", help="cancel in-flight requests")
     p.add_argument("--no-wait", action="store_true", help="return once the request is made")
     p.add_argument("--timeout", type=float, metavar="S",
@@ -29,12 +31,11 @@ def handle(args: argparse.Namespace) -> int:
     from ..engine.control import read_control, write_control
     from ..engine.status import run_status
     from ..store import StoreError
-    from .status import resolve_run_dir
 
     try:
         run_dir = resolve_run_dir(args.run_dir)
         status = run_status(run_dir)
-    except (StoreError, ConfigError) as exc:
+    except (StoreError, ConfigError, RunDirError) as exc:
         print(f"specgen stop: {exc}", file=sys.stderr)
         return 2
     if status["state"] != "running":
@@ -67,7 +68,7 @@ def handle(args: argparse.Namespace) -> int:
         time.sleep(0.25)
         status = run_status(run_dir)
         if status["state"] != "running":
-            print(f"stopped: {status['state']}"
+            print(f"the run ended: state {status['state']}"
                   + (f" — {status['stop_reason']}" if status["stop_reason"] else ""))
             return 0
         if (not picked_up_warned and time.monotonic() - started > 10

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .rundir import RunDirError, add_run_dir, resolve_run_dir
+
 
 def add_parser(subparsers) -> None:
     from ..verify import DEFAULT_MAX_TRUE_MISMATCH
@@ -14,7 +16,7 @@ def add_parser(subparsers) -> None:
         description="Exit status: 0 all checks pass; 1 a sample fails a check, or the share "
                     "of samples whose true ids differ from ours is above --max-true-mismatch; "
                     "2 the run cannot be verified (no store, tokenizer missing or different).")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    add_run_dir(p)
     p.add_argument("--tokenizer", metavar="PATH",
                    help="the run's tokenizer files, if not at the path in its config")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME",
@@ -31,6 +33,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
+    from ..config import ConfigError
     from ..store import StoreError
     from ..verify import VerifyError, format_report, verify_run
 
@@ -38,14 +41,22 @@ def run(args: argparse.Namespace) -> int:
         print("specgen verify: --max-true-mismatch must be between 0 and 1", file=sys.stderr)
         return 2
     try:
-        report = verify_run(args.run_dir, tokenizer=args.tokenizer,
+        run_dir = resolve_run_dir(args.run_dir)
+    except (ConfigError, RunDirError) as exc:
+        print(f"specgen verify: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = verify_run(run_dir, tokenizer=args.tokenizer,
                             datasets=args.dataset or None,
                             max_true_mismatch=args.max_true_mismatch)
     except (VerifyError, StoreError) as exc:
         print(f"specgen verify: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        from ..display import clean_floats
+
+        sys.stdout.write(orjson.dumps(clean_floats(report.to_json()),
+                                      option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(format_report(report))
     return report.exit_code

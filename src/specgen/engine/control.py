@@ -4,7 +4,8 @@
   the engine polls it a few times a second. A file meant for an earlier session is ignored and
   removed, so a stale stop request never stops the next run.
 * One engine per run dir: `RunLock` holds an exclusive `flock` on `run_dir/run.lock` for the
-  life of the process; the kernel releases it even after `kill -9`.
+  life of the process; the kernel releases it even after `kill -9`. A clean end removes the
+  file (while still holding it); a process that locked a file removed meanwhile tries again.
 * A session is alive when its process exists (same host) and its heartbeat is fresh.
 """
 
@@ -97,23 +98,43 @@ class RunLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            finally:
-                os.close(fd)
-            raise RunLockedError(
-                f"{self.path.parent}: another specgen run (pid {holder}) is using this run "
-                "dir; stop it first (specgen stop) or use another run_dir") from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                finally:
+                    os.close(fd)
+                raise RunLockedError(
+                    f"{self.path.parent}: another specgen run (pid {holder}) is using this run "
+                    "dir; stop it first (specgen stop) or use another run_dir") from None
+            if self._is_current(fd):
+                break
+            os.close(fd)  # the holder removed the file as it released it: lock the new one
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
+    def _is_current(self, fd: int) -> bool:
+        """Whether `fd` is still the file at the lock's path (not one unlinked since)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
     def release(self) -> None:
+        """Remove the lock file, then let go of it: a finished run leaves no lock behind
+        (removed while held, so no other process can have locked this file meanwhile)."""
         if self._fd is not None:
+            try:
+                if self._is_current(self._fd):
+                    os.unlink(self.path)
+            except OSError:
+                pass  # a read-only dir, say: the flock alone is what counts
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

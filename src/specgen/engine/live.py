@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .progress import fmt_duration
 from .scheduler import Engine
 from .status import quality_cell
 
@@ -24,13 +25,20 @@ def _fmt_int(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _fmt_eta(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds or seconds < 0 or seconds > 86400 * 365:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+def eta_text(s: dict[str, Any]) -> str | None:
+    """`ETA 3m05s` (`ETA ≥3m05s` when a dataset's size is a lower bound); None until the
+    recent completion rate is meaningful."""
+    if s["eta_s"] is None:
+        return None
+    return f"ETA {'≥' if s.get('eta_lower_bound') else ''}{fmt_duration(s['eta_s'])}"
+
+
+def rows_text(d: dict[str, Any]) -> str:
+    """Rows read of the source's rows: `1.2k/31.0k`, `120/≥120` while its size is unknown."""
+    total = d.get("rows_total")
+    if total is None:
+        return f"{_fmt_int(d['rows_read'])}/≥{_fmt_int(d['rows_read'])}"
+    return f"{_fmt_int(d['rows_read'])}/{_fmt_int(total)}"
 
 
 def snapshot(engine: Engine) -> dict[str, Any]:
@@ -38,41 +46,25 @@ def snapshot(engine: Engine) -> dict[str, Any]:
     st = engine.stats
     rps, tps = st.rate.rates()
     b = engine.budget
+    progress = engine.progress()
     datasets = []
     for ds in engine.datasets:
         spend = b.datasets[ds.name]
         t = ds.tasks
         done, failed, quar = t.get("done", 0), t.get("failed", 0), t.get("quarantined", 0)
         pending = t.get("pending", 0)
-        total = done + failed + quar + pending
-        # Progress: against the budget, the limit, or (once the source is read) the tasks.
-        frac = None
-        if spend.token_budget:
-            frac = spend.completion_tokens / spend.token_budget
-        if ds.cfg.limit:
-            convs_done = ds.conversations - ds.open
-            f2 = (convs_done + ds.rows_other_shard) / ds.cfg.limit
-            frac = f2 if frac is None else max(frac, f2)
-        if ds.exhausted and total:
-            f3 = (total - pending) / total
-            frac = f3 if frac is None else max(frac, f3)
+        pl = progress["plans"][ds.name]
         datasets.append({
             "name": ds.name, "state": ds.state, "done": done, "failed": failed,
-            "quarantined": quar, "pending": pending, "total": total,
+            "quarantined": quar, "pending": pending, "total": done + failed + quar + pending,
             "in_flight": ds.in_flight, "rows_read": ds.rows_read,
+            "rows_total": progress["rows_total"][ds.name],
             "completion_tokens": spend.completion_tokens, "prompt_tokens": spend.prompt_tokens,
-            "cost_usd": spend.cost_usd, "fraction": min(frac, 1.0) if frac is not None else None,
+            "cost_usd": spend.cost_usd, "fraction": pl.fraction, "basis": pl.basis,
+            "planned": pl.requests, "planned_kind": pl.kind, "progress": pl.label(),
             "token_budget": spend.token_budget, "limit": ds.cfg.limit,
         })
-    # ETA of the dataset being worked on: remaining fraction at the current request rate.
-    eta = None
-    active = [d for d in datasets if d["state"] == "active" and d["fraction"] is not None]
-    if active and rps > 0 and st.answers:
-        d = active[0]
-        done_now = max(d["done"], 1)
-        if d["fraction"] and d["fraction"] > 0:
-            remaining = done_now / d["fraction"] - done_now
-            eta = remaining / rps
+    eta = None if engine.final_state else progress["eta_s"]  # nothing to wait for once ended
     return {
         "elapsed": time.monotonic() - st.started,
         "state": engine.final_state or (
@@ -86,6 +78,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         "cost_usd": b.cost_usd, "max_cost_usd": b.max_cost_usd,
         "prices": b.prices.source, "errors": dict(st.errors), "datasets": datasets,
         "providers": {k: v.to_json() for k, v in st.providers.items()}, "eta_s": eta,
+        "eta_lower_bound": progress["eta_lower_bound"],
         "rejections": dict(st.rejections), "quarantines": dict(st.quarantines),
         "quality": engine.quality.policing.to_json(),
         "excluded": dict(engine.policy.excluded), "alarms": list(engine.alarms_fired),
@@ -104,12 +97,12 @@ def progress_line(engine: Engine) -> str:
                                             if s["prices"] == "unknown" and cap else ""),
     ]
     for d in s["datasets"]:
-        parts.append(f"{d['name']}: {d['done']} done {d['failed']} failed "
-                     f"{d['pending']} pending [{d['state']}]")
+        parts.append(f"{d['name']}: tasks {d['done']:,} done {d['failed']:,} failed "
+                     f"{d['pending']:,} pending, {d['progress']} [{d['state']}]")
     if s["errors"]:
         parts.append("errors " + " ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())))
-    if s["eta_s"] is not None:
-        parts.append(f"ETA {_fmt_eta(s['eta_s'])}")
+    if eta_text(s):
+        parts.append(eta_text(s))
     if s["excluded"]:
         parts.append("excluded " + ",".join(s["excluded"]))
     if s["alarms"]:
@@ -151,33 +144,31 @@ class LiveView:
 
     def render(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
 
         s = snapshot(self.engine)
+        width = self.console.width
         cap = f" / ${s['max_cost_usd']:g}" if s["max_cost_usd"] is not None else ""
-        price_note = "  (cost as reported: no prices known)" if s["prices"] == "unknown" else ""
-        head = Text.assemble(
-            ("specgen run ", "bold"), (f"[{s['state']}]  ", "cyan"),
-            f"elapsed {_fmt_eta(s['elapsed'])}  ",
-            f"in flight {s['in_flight']} (limit {s['limit']}/{s['max_concurrency']}"
-            + (f", {s['backoffs']} backoffs" if s["backoffs"] else "") + ")  ",
-            f"retrying {s['retrying']}  ",
-            f"{s['rps']:.1f} req/s  {_fmt_int(s['tps'])} tok/s  ",
-            (f"${s['cost_usd']:.4f}{cap}", "green"), price_note,
-            f"  ETA {_fmt_eta(s['eta_s'])}",
-        )
-        dt = Table(box=None, pad_edge=False, header_style="bold")
-        for col in ("dataset", "state", "done", "total", "failed", "quar.", "pending",
-                    "in flight", "rows", "prompt tok", "compl. tok", "cost $", "progress"):
-            dt.add_column(col, justify="left" if col in ("dataset", "state") else "right")
+        price_note = " (cost as reported: no prices known)" if s["prices"] == "unknown" else ""
+        head = flow([
+            Text.assemble(("specgen run ", "bold"), (f"[{s['state']}]", "cyan")),
+            f"elapsed {fmt_duration(s['elapsed'])}",
+            f"in flight {s['in_flight']:,} (limit {s['limit']:,}/{s['max_concurrency']:,}"
+            + (f", {s['backoffs']:,} backoffs" if s["backoffs"] else "") + ")",
+            f"retrying {s['retrying']:,}",
+            f"{s['rps']:.1f} req/s", f"{_fmt_int(s['tps'])} tok/s",
+            Text.assemble((f"${s['cost_usd']:.4f}{cap}", "green"), price_note),
+            *([eta_text(s)] if eta_text(s) else []),
+        ], width)
+        rows = []
         for d in s["datasets"]:
             budget = f"/{_fmt_int(d['token_budget'])}" if d["token_budget"] else ""
-            frac = f"{100 * d['fraction']:.0f}%" if d["fraction"] is not None else "-"
-            dt.add_row(d["name"], d["state"], str(d["done"]), str(d["total"]), str(d["failed"]),
-                       str(d["quarantined"]), str(d["pending"]), str(d["in_flight"]),
-                       _fmt_int(d["rows_read"]), _fmt_int(d["prompt_tokens"]),
-                       _fmt_int(d["completion_tokens"]) + budget, f"{d['cost_usd']:.4f}", frac)
+            rows.append([d["name"], d["state"], f"{d['done']:,}", f"{d['failed']:,}",
+                         f"{d['quarantined']:,}", f"{d['pending']:,}", f"{d['in_flight']:,}",
+                         rows_text(d), _fmt_int(d["prompt_tokens"]),
+                         _fmt_int(d["completion_tokens"]) + budget, f"{d['cost_usd']:.4f}",
+                         d["progress"]])
+        dt = fit_table(width, DATASET_COLUMNS, rows)
         parts: list[Any] = [head]
         if s["limit_reason"]:
             parts.append(Text(f"limit {s['limit']} of {s['max_concurrency']}: "
@@ -195,12 +186,8 @@ class LiveView:
                               style="bold red"))
         parts.append(dt)
         if s["providers"]:
-            pt = Table(box=None, pad_edge=False, header_style="bold")
             witness = self.engine.witness
-            for col in ("provider", "requests", "ok", "rejected", "quar.", "errors", "witness",
-                        "quality", "compl. tok", "cost $", "p50 s", "p90 s"):
-                pt.add_column(col, justify="left" if col in ("provider", "errors", "witness",
-                                                             "quality") else "right")
+            rows = []
             for name, p in sorted(s["providers"].items(), key=lambda kv: -kv[1]["requests"]):
                 lat = p["latency_s"]
                 errs = " ".join(f"{k}={v}" for k, v in sorted(p["errors"].items())) or "-"
@@ -208,16 +195,81 @@ class LiveView:
                                   for k, v in sorted(p["count_checks"].items())) or "-"
                 if witness.unusable(name):
                     checks += " (counts unusable)"
-                pt.add_row(name, str(p["requests"]), str(p["ok"]), str(p["rejected"]),
-                           str(p["quarantined"]), errs, checks,
-                           quality_cell(s["quality"].get(name),
-                                        self.engine.policy.is_excluded(name)),
-                           _fmt_int(p["completion_tokens"]),
-                           f"{p['cost_usd']:.4f}",
-                           f"{lat['p50']:.2f}" if lat["p50"] is not None else "-",
-                           f"{lat['p90']:.2f}" if lat["p90"] is not None else "-")
-            parts.append(pt)
+                rows.append([name, f"{p['requests']:,}", f"{p['ok']:,}", f"{p['rejected']:,}",
+                             f"{p['quarantined']:,}", errs, checks,
+                             quality_cell(s["quality"].get(name),
+                                          self.engine.policy.is_excluded(name)),
+                             _fmt_int(p["completion_tokens"]), f"{p['cost_usd']:.4f}",
+                             f"{lat['p50']:.2f}s" if lat["p50"] is not None else "-",
+                             f"{lat['p90']:.2f}s" if lat["p90"] is not None else "-"])
+            parts.append(fit_table(width, PROVIDER_COLUMNS, rows))
         if s["errors"]:
             parts.append(Text("errors this session: " + "  ".join(
                 f"{k}={v}" for k, v in sorted(s["errors"].items())), style="yellow"))
         return Group(*parts)
+
+
+# (header, justify, priority, widest): columns are dropped from the highest priority number
+# down until a table fits the terminal; 0 is never dropped; `widest` caps what a wrapping
+# column is measured at.
+Column = tuple[str, str, int, int | None]
+DATASET_COLUMNS: list[Column] = [
+    ("dataset", "left", 0, None), ("state", "left", 1, None), ("tasks done", "right", 3, None),
+    ("failed", "right", 4, None), ("quar.", "right", 9, None), ("pending", "right", 5, None),
+    ("in flight", "right", 10, None), ("rows", "right", 8, None),
+    ("prompt tok", "right", 11, None), ("compl. tok", "right", 7, None),
+    ("cost $", "right", 6, None), ("progress", "right", 2, None)]
+PROVIDER_COLUMNS: list[Column] = [
+    ("provider", "left", 0, None), ("attempts", "right", 1, None), ("ok", "right", 2, None),
+    ("rejected", "right", 6, None), ("quar.", "right", 7, None), ("errors", "left", 3, 24),
+    ("witness", "left", 8, 16), ("quality", "left", 8, 40), ("compl. tok", "right", 9, None), ("cost $", "right", 5, None),
+    ("total p50", "right", 4, None), ("p90", "right", 10, None)]
+
+
+def fit_table(width: int, columns: list[Column], rows: list[list[str]]):
+    """A rich table of `rows` keeping the columns that fit in `width` (by priority): a
+    terminal of 80-100 columns shows fewer columns, never names cut short."""
+    from rich.table import Table
+
+    natural = []
+    for i, (header, _j, _p, widest) in enumerate(columns):
+        w = max([len(header), *(len(r[i]) for r in rows)])
+        natural.append(min(w, widest) if widest else w)
+    keep = list(range(len(columns)))
+
+    def need() -> int:
+        return sum(natural[i] for i in keep) + 2 * (len(keep) - 1)
+
+    for i in sorted(keep, key=lambda i: -columns[i][2]):
+        if need() <= width:
+            break
+        if columns[i][2] > 0:
+            keep.remove(i)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for i in keep:
+        header, justify, priority, widest = columns[i]
+        table.add_column(header, justify=justify, no_wrap=priority == 0 or widest is None,
+                         overflow="fold")
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
+    return table
+
+
+def flow(segments: list, width: int):
+    """Segments (str or rich Text) on as few lines as fit `width`, two spaces apart, never
+    splitting one."""
+    from rich.text import Text
+
+    out = Text()
+    line = 0
+    for seg in segments:
+        seg = seg if isinstance(seg, Text) else Text(seg)
+        if line and line + 2 + len(seg) > width:
+            out.append("\n")
+            line = 0
+        elif line:
+            out.append("  ")
+            line += 2
+        out.append_text(seg)
+        line += len(seg)
+    return out

@@ -99,11 +99,18 @@ def refusal_message(run_dir: Path, found: list[str]) -> str:
     )
 
 
-def move_aside(run_dir: Path) -> Path | None:
-    """Move the run's store to run_dir/previous/state-<time>.sqlite (WAL folded in first)."""
+# What was made from a store, moved aside with it: the default export dir and report.
+OUTPUTS = ("exports", "report.html")
+
+
+def move_aside(run_dir: Path) -> list[tuple[Path, Path]]:
+    """Move the run's store to run_dir/previous/state-<time>.sqlite (WAL folded in first)
+    and what was made from it (`exports/`, `report.html`) to previous/exports-<time>/ and
+    previous/report-<time>.html, so nothing beside the new store describes the old one.
+    Returns the (from, to) moves, the store first; empty when there was no store."""
     src = run_dir / STORE_FILE
     if not src.exists():
-        return None
+        return []
     conn = sqlite3.connect(src)
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -122,4 +129,13 @@ def move_aside(run_dir: Path) -> Path | None:
         side = run_dir / (STORE_FILE + suffix)
         if side.exists():
             side.rename(dest.with_name(dest.name + suffix))
-    return dest
+    moved = [(src, dest)]
+    tag = dest.name.removeprefix("state-").removesuffix(".sqlite")
+    for name in OUTPUTS:
+        out = run_dir / name
+        if out.exists():
+            stem, dot, ext = name.partition(".")
+            target = dest_dir / f"{stem}-{tag}{dot}{ext}"
+            out.rename(target)
+            moved.append((out, target))
+    return moved

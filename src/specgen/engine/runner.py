@@ -27,6 +27,7 @@ import orjson
 
 from ..client.types import ApiError
 from ..config import RunConfig
+from ..display import path as tidy
 from ..request import local_engines
 from ..store import STORE_FILE, Store, StoreError, check_writable
 from .ballast import Ballast
@@ -78,17 +79,22 @@ def _fetch_endpoints_wanted(cfg: RunConfig) -> bool:
     return cfg.endpoint.fetch_endpoints is not False
 
 
-def _setup_logging(run_dir: Path, console: bool) -> list[logging.Handler]:
+class _Console(logging.StreamHandler):
+    """Log lines on stderr: every line without the live view; with it, warnings before and
+    after the view (while it shows, they print above its panel instead)."""
+
+
+def _setup_logging(run_dir: Path, live: bool) -> list[logging.Handler]:
     logger = logging.getLogger("specgen")
     logger.setLevel(logging.INFO)
     handlers: list[logging.Handler] = []
     fh = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handlers.append(fh)
-    if console:
-        sh = logging.StreamHandler(sys.stderr)
-        sh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-        handlers.append(sh)
+    sh = _Console(sys.stderr)
+    sh.setLevel(logging.WARNING if live else logging.INFO)
+    sh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handlers.append(sh)
     for h in handlers:
         logger.addHandler(h)
     return handlers
@@ -115,7 +121,7 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
     except RuntimeError as exc:
         raise RunError(str(exc)) from None
     live = sys.stderr.isatty() if opts.live is None else opts.live
-    handlers = _setup_logging(run_dir, console=not live)
+    handlers = _setup_logging(run_dir, live)
     try:
         return _run_locked(cfg, opts, run_dir, shard, live)
     finally:
@@ -152,9 +158,11 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
         if found and not opts.force_new:
             raise RunError(refusal_message(run_dir, found)) from IncompatibleRunError()
         if opts.force_new:
-            dest = move_aside(run_dir)
-            if dest is not None:
-                log.warning("--force-new: the previous store was moved to %s", dest)
+            moved = move_aside(run_dir)
+            if moved:
+                log.warning("--force-new: a fresh store; the previous one and what was made "
+                            "from it were moved aside (nothing deleted): %s", "; ".join(
+                                f"{src.name} -> {tidy(dest)}" for src, dest in moved))
     stages = opts.stages or default_stages()
     try:
         store = Store.create(run_dir)
@@ -399,12 +407,16 @@ async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
 
     try:
         if live:
+            logger = logging.getLogger("specgen")
+            plain = [h for h in logger.handlers if isinstance(h, _Console)]
             with LiveView(engine) as view:
                 from rich.logging import RichHandler
 
                 console_log = RichHandler(level=logging.WARNING, console=view.console,
                                           show_path=False)
-                logging.getLogger("specgen").addHandler(console_log)
+                for h in plain:
+                    logger.removeHandler(h)
+                logger.addHandler(console_log)
 
                 def tick() -> None:
                     view.update()
@@ -414,7 +426,9 @@ async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
                 try:
                     outcome = await engine.run(on_tick=tick)
                 finally:
-                    logging.getLogger("specgen").removeHandler(console_log)
+                    logger.removeHandler(console_log)
+                    for h in plain:
+                        logger.addHandler(h)
         else:
             outcome = await engine.run(on_tick=plain_tick)
         log.info("%s", progress_line(engine))

@@ -25,6 +25,7 @@ from ..client.retry import backoff_delay
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..conversation import AssistantMessage, Conversation
+from ..display import UNKNOWN_PROVIDER, clean_floats
 from ..quality.alarms import Alarm
 from ..quality.monitor import QualityMonitor
 from ..quality.observe import Observation
@@ -44,6 +45,15 @@ from .model_check import ModelCheck
 from .outage import EndpointHealth
 from .outcome import Outcome, decide
 from .policy import ProviderPolicy
+from .progress import (
+    EtaEstimator,
+    RowCounter,
+    dataset_figures,
+    plan,
+    rows_total,
+    run_eta,
+    tasks_of_closed,
+)
 from .providers import META_KEY, encode_excluded, pending_requests, read_excluded
 from .retry import RetryPolicy
 from .shard import Shard
@@ -118,6 +128,8 @@ class Engine:
         self.store_guard = StoreGuard(self.writer, store, ballast=ballast,
                                       timeout=cfg.engine.store_error_timeout)
         self.stats = RunStats()
+        self.eta = EtaEstimator()  # fed the tasks ended so far at every tick
+        self.row_counters: dict[str, RowCounter] = {}  # dataset -> its source's row count
         self.datasets: list[DsRun] = []
         self.by_name: dict[str, DsRun] = {}
         self.weighted = any(d.weight is not None for d in cfg.datasets)
@@ -205,6 +217,16 @@ class Engine:
             self._advance(conv, known_tasks=store.tasks_of(cid))
         for ds in self.datasets:
             self._refresh_state(ds)
+            self.row_counters[ds.name] = RowCounter(ds.cfg.path, ds.cfg.split)
+
+    def progress(self) -> dict[str, Any]:
+        """Planned requests and progress per dataset, and the ETA over all of them."""
+        plans = {ds.name: plan(dataset_figures(ds, self.budget.datasets[ds.name], rows_total(
+            ds, self.row_counters.get(ds.name)))) for ds in self.datasets}
+        eta, lower = run_eta(list(plans.values()), self.eta)
+        return {"plans": plans, "eta_s": eta, "eta_lower_bound": lower,
+                "rows_total": {ds.name: rows_total(ds, self.row_counters.get(ds.name))
+                               for ds in self.datasets}}
 
     # ---------------------------------------------------------------------------------------
     # admission
@@ -425,6 +447,8 @@ class Engine:
         self.writer.batch.conv_status[c.id] = (status, reason)
         ds.open -= 1
         self.open_convs -= 1
+        ds.closed_convs += 1
+        ds.closed_tasks += tasks_of_closed(len(c.answers), status, reason)
         self._refresh_state(ds)
 
     def _set_status(self, c: Conv, status: str) -> None:
@@ -653,12 +677,13 @@ class Engine:
 
     def _attempt_row(self, job: Job, outcome: str, *, started: float, base_url=None,
                      provider=None, model=None, first_byte=None, ended=None, status=None,
-                     error=None, pt=None, ct=None, cost=None, gen_id=None) -> None:
+                     error=None, pt=None, ct=None, cost=None, gen_id=None,
+                     first_token=None) -> None:
         self.stats.attempts += 1
         self.writer.batch.attempts.append((
             job.task_id, self.session_id, base_url, provider, model, started, first_byte,
             ended if ended is not None else time.time(), outcome, status, error, pt, ct, cost,
-            gen_id, job.ds.name))
+            gen_id, job.ds.name, first_token))
 
     def _on_error(self, job: Job, err: ApiError) -> None:
         pt, ct, cost = self._charge(job, err.usage)
@@ -788,7 +813,7 @@ class Engine:
         latency = (resp.ended_at - resp.started_at) if resp.ended_at else None
         common = dict(started=resp.started_at or time.time(), base_url=resp.base_url,
                       provider=provider, model=resp.model, first_byte=resp.first_byte_at,
-                      ended=resp.ended_at or None, status=getattr(resp, "http_status", None),
+                      first_token=resp.first_token_at, ended=resp.ended_at or None, status=getattr(resp, "http_status", None),
                       pt=pt, ct=ct, cost=cost, gen_id=resp.id)
         rejection = self.policy.rejection(provider, resp.quantization)
         if rejection is None:
@@ -970,7 +995,7 @@ class Engine:
                     return None
                 chosen.append(fit[2])
                 return fit[0], fit[1]
-        key = resp.provider or resp.base_url or "(unknown)"
+        key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
         verdict = self.witness.judge(key, prompt=len(job.prompt_ids), completion=len(completion),
                                      usage=resp.usage or {}, repair=repair,
                                      prompt_repair=prompt_fix)
@@ -1179,6 +1204,20 @@ class Engine:
             "providers": {k: v.to_json() for k, v in self.stats.providers.items()},
             "prices": self.budget.prices.to_json(),
             "reserved_cost_usd": round(self.budget.reserved_cost, 6),
+            "progress": self.progress_json(),
+        }
+
+    def progress_json(self) -> dict[str, Any]:
+        """`progress()` for live.json: per dataset and the ETA (docs/engine.md, "Status")."""
+        p = self.progress()
+        return {
+            "eta_s": None if p["eta_s"] is None else round(p["eta_s"], 1),
+            "eta_lower_bound": p["eta_lower_bound"],
+            "datasets": {name: {
+                "planned_requests": round(pl.requests), "planned": pl.kind,
+                "fraction": None if pl.fraction is None else round(pl.fraction, 4),
+                "basis": pl.basis, "label": pl.label(), "rows_total": p["rows_total"][name],
+            } for name, pl in p["plans"].items()},
         }
 
     def concurrency(self) -> tuple[int, str | None]:
@@ -1209,7 +1248,7 @@ class Engine:
         path = self.store.path.parent / LIVE_FILE
         tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_bytes(orjson.dumps(self.live_figures()))
+            tmp.write_bytes(orjson.dumps(clean_floats(self.live_figures())))
             os.replace(tmp, path)
         except OSError as exc:  # cosmetic: never stop a run for it
             log.debug("could not write %s: %s", path, exc)
@@ -1239,6 +1278,8 @@ class Engine:
             now = time.monotonic()
             self._poll_control()
             self.stats.tick()
+            self.eta.sample(sum(ds.tasks.get("done", 0) + ds.tasks.get("failed", 0)
+                                + ds.tasks.get("quarantined", 0) for ds in self.datasets))
             if now - last_beat >= eng.heartbeat_interval:
                 last_beat = now
                 self.writer.batch.session = (time.time(), "running", None, None, self.session_id)

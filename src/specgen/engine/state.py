@@ -47,6 +47,8 @@ class DsRun:
     dirty: bool = True
     seen: set[str] | None = field(default_factory=set)  # conv ids admitted this session
     stored_at_start: bool = False  # the store held conversations of it when the session began
+    closed_convs: int = 0  # conversations finished this session (for the progress estimate)
+    closed_tasks: int = 0  # the tasks they made
 
     @property
     def name(self) -> str:

@@ -11,6 +11,8 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from ..display import UNKNOWN_PROVIDER
+
 
 class LatencyHistogram:
     """Log-bucketed latencies (5% wide buckets): constant memory, percentiles within ~5%."""
@@ -103,7 +105,7 @@ class RunStats:
         self.rate = RateMeter()
 
     def provider(self, name: str | None) -> ProviderStats:
-        key = name or "(unknown)"
+        key = name or UNKNOWN_PROVIDER
         stats = self.providers.get(key)
         if stats is None:
             stats = self.providers[key] = ProviderStats()

@@ -14,11 +14,13 @@ from typing import Any
 
 import orjson
 
+from ..display import path as tidy
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .providers import read_excluded
 from .scheduler import LIVE_FILE
 from .status_queries import (
+    conversation_counts,
     conversation_shapes,
     count_checks_by_provider,
     failed_tasks_by_class,
@@ -107,11 +109,11 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         providers[name]["count_checks"] = counts
     out: dict[str, Any] = {
         "state": state,
-        "pid": pid,
+        "pid": pid if state == "running" else None,  # a current process only
         "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in spend.values()), 9),
         "stop_reason": reason,
         "datasets": datasets,
-        "run_dir": str(run_dir),
+        "run_dir": tidy(run_dir),
         "model": meta.get("model"),
         "shard": meta.get("shard") or None,
         "max_cost_usd": (cfg.get("budget") or {}).get("max_cost_usd"),
@@ -127,7 +129,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     }
     if last is not None:
         out["session"] = {
-            "id": last["id"], "host": last["host"], "started_at": last["started_at"],
+            "id": last["id"], "host": last["host"], "pid": pid,
+            "started_at": last["started_at"],
             "heartbeat_age_s": round(now - (last["heartbeat_at"] or now), 1),
             "ended_at": last["ended_at"],
         }
@@ -154,9 +157,16 @@ def dataset_state(state: str, done: int, failed: int, pending: int) -> str:
 
 
 def conversation_lines(d: dict[str, Any]) -> list[str]:
-    """Plain lines on one dataset's conversations (status JSON): turns per conversation,
-    early ends by reason, samples reusing recorded tool results by their weakest match."""
+    """Plain lines on one dataset's conversations (status JSON): conversations by status with
+    the reasons of those that ended early, turns per conversation, samples reusing recorded
+    tool results by their weakest match."""
     lines = []
+    if d.get("conversations"):
+        text = "conversations: " + conversation_counts(d["conversations"])
+        if d.get("end_reasons"):
+            text += " (" + ", ".join(
+                f"{k} {v:,}" for k, v in d["end_reasons"].items()) + ")"
+        lines.append(text)
     turns = d.get("turns_per_conversation") or {}
     if turns:
         n = sum(turns.values())
@@ -165,8 +175,8 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
                      + ", ".join(f"{k} x{v}" for k, v in sorted(turns.items(),
                                                               key=lambda kv: int(kv[0])))
                      + f" (mean {mean:.1f})")
-    if d.get("end_reasons"):
-        lines.append("ended early: " + ", ".join(f"{k} {v}" for k, v in d["end_reasons"].items()))
+    if d.get("end_reasons") and not d.get("conversations"):
+        lines.append("ended early: " + ", ".join(f"{k} {v:,}" for k, v in d["end_reasons"].items()))
     if d.get("tool_matches"):
         lines.append("samples reusing tool results, by weakest match: "
                      + ", ".join(f"{k} {v}" for k, v in d["tool_matches"].items()))

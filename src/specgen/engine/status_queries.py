@@ -7,6 +7,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from ..display import UNKNOWN_PROVIDER
 from ..store import Store
 
 
@@ -40,7 +41,7 @@ def count_checks_by_provider(store: Store) -> dict[str, dict[str, int]]:
     except sqlite3.OperationalError:  # an older store opened read-only: no such column
         return out
     for provider, check, n in rows:
-        out.setdefault(provider or "(unknown)", {})[check or "unchecked"] = n
+        out.setdefault(provider or UNKNOWN_PROVIDER, {})[check or "unchecked"] = n
     return out
 
 
@@ -107,3 +108,12 @@ def quality_events(store: Store, limit: int = 20) -> list[dict[str, Any]]:
         (limit,)).fetchall()
     names = ("ts", "session", "kind", "dataset", "provider", "detail")
     return [dict(zip(names, r, strict=True)) for r in reversed(rows)]
+
+
+def conversation_counts(counts: dict[str, int]) -> str:
+    """`done 48, ended early 11`: conversations by status, in words ("ended" = ended early:
+    the planner stopped before the dataset's last turn, or an answer was quarantined)."""
+    words = {"ended": "ended early"}
+    order = ("done", "ended", "failed", "active", "pending")
+    keys = [k for k in order if counts.get(k)] + sorted(k for k in counts if k not in order)
+    return ", ".join(f"{words.get(k, k)} {counts[k]:,}" for k in keys)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..display import clean_floats
 from ..engine.providers import read_excluded
 from ..planner import weakest_match
 from ..store import ResultRow, Store
@@ -146,6 +147,7 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
         try:
             totals, files = _write(store, selected, stage, opts, meta)
             manifest = build_manifest(run_dir, meta, opts, out, selected, totals, files)
+            manifest = clean_floats(manifest)
             stage.stage_manifest(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
             stage.publish()
         except BaseException:

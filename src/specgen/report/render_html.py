@@ -51,5 +51,5 @@ def _cell(v) -> str:
     if isinstance(v, bool) or v is None:
         return f"<td>{escape(str(v if v is not None else '—'))}</td>"
     if isinstance(v, int | float):
-        return f'<td class="n">{escape(svg.fmt_num(v) if isinstance(v, float) else str(v))}</td>'
+        return f'<td class="n">{escape(svg.fmt_num(v) if isinstance(v, float) else f"{v:,}")}</td>'
     return f"<td>{escape(str(v))}</td>"

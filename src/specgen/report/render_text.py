@@ -42,9 +42,11 @@ def _s(v) -> str:
         return "—"
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"  # ids and pids are given as strings
     s = str(v)
     return s if len(s) <= CELL else s[: CELL - 1] + "…"
 
 
 def _numeric(c: str) -> bool:
-    return c.replace(".", "", 1).replace("-", "", 1).isdigit()
+    return c.replace(",", "").replace(".", "", 1).replace("-", "", 1).isdigit()

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.status_queries import conversation_counts
 from . import svg
 from .stats import RunStats, percentile
 
@@ -76,15 +77,19 @@ def _summary(s: RunStats, run_dir: str) -> Section:
     m = s.meta
     rows = [
         ["run dir", run_dir], ["model", m.get("model", "?")],
-        ["renderer", m.get("renderer", "?")], ["thinking", m.get("thinking", "?")],
+        ["renderer", m.get("renderer", "?")],
+        ["thinking", {"1": "on", "0": "off"}.get(m.get("thinking", ""), "?")],
         ["config hash", m.get("config_hash", "?")],
         ["tokenizer fingerprint", (m.get("tokenizer_fingerprint") or "?")[:16]],
         ["shard", m.get("shard") or "—"],
         ["merged from", m.get("merged_from") or "—"],
         ["started", ts(t["started_at"])], ["last activity", ts(t["last_activity_at"])],
         ["samples", t["samples"]],
-        ["conversations", ", ".join(f"{k} {v}" for k, v in sorted(s.conversations.items())) or "0"],
-        ["tasks", ", ".join(f"{k} {v}" for k, v in sorted(s.tasks.items())) or "0"],
+        ["conversations", conversation_counts(s.conversations) or "0"],
+        ["tasks (one request of a conversation)",
+         ", ".join(f"{k} {v:,}" for k, v in sorted(s.tasks.items())) or "0"],
+        ["attempts (HTTP tries of the tasks)", f"{t['attempts']:,} ({t['failed_attempts']:,} "
+                                               "gave no sample)"],
         ["tokens in samples", t["sample_tokens"]], ["tokens trained on (mask 1)", t["trained_tokens"]],
         ["cost of kept samples", usd(t["cost_usd"])],
         ["billed, all attempts", usd(t["billed_usd"])],
@@ -105,13 +110,15 @@ def _tokens_cost(s: RunStats) -> Section:
     sec = Section("tokens-cost", "Tokens and cost", [
         Table("Per dataset", ["dataset", "samples", "conversations", "prompt tok", "completion tok",
                               "reasoning tok", "trained tok", "cost (kept)", "billed (all)",
-                              "attempts", "failed"], ds_rows),
+                              "attempts", "failed attempts"], ds_rows),
         Table("Per provider", ["provider", "samples", "prompt tok", "completion tok",
-                               "cost (kept)", "billed (all)", "attempts", "failed",
+                               "cost (kept)", "billed (all)", "attempts", "failed attempts",
                                "count checks"], pr_rows)])
     sec.notes.append("Tokens are the API's usage counts; 'trained tok' counts our ids under loss "
                      "mask 1. 'billed (all)' adds the cost of attempts that were retried, "
-                     "rejected or quarantined. 'count checks': the kept samples by what the "
+                     "rejected or quarantined. An attempt is one HTTP try of a task (one "
+                     "request of a conversation); 'failed attempts' gave no sample (retried, "
+                     "rejected, quarantined or failed). 'count checks': the kept samples by what the "
                      "provider's own token counts said of them (count_check; docs/quality.md).")
     sec.charts.append(svg.bar_chart([(d["dataset"], d["completion_tokens"]) for d in s.datasets],
                                     title="Completion tokens per dataset"))
@@ -163,7 +170,7 @@ def _errors(s: RunStats) -> Section:
         labels = [ts(e["t0"] + (i + 0.5) * e["width"])[11:19] for i in range(e["buckets"])]
         sec.charts.append(svg.stacked_time_bars(e["series"], title="Failed attempts over time",
                                                 t_labels=labels))
-        sec.tables.append(Table(f"Failed attempts per interval of {e['width']:.1f}s "
+        sec.tables.append(Table(f"Failed attempts per interval of {e['width']:.3g}s "
                                 f"(from {ts(e['t0'])})", ["class", "per interval"],
                                 [[k, " ".join(map(str, v))] for k, v in e["series"].items()]))
     if s.task_errors:
@@ -177,13 +184,19 @@ def _errors(s: RunStats) -> Section:
 def _latency(s: RunStats) -> Section:
     rows = []
     for provider, lat in sorted(s.latency.items(), key=lambda kv: (kv[0] != "all", kv[0])):
-        fb, tot = lat["first_byte"], lat["total"]
-        rows.append([provider, len(tot), secs(percentile(fb, 50)), secs(percentile(fb, 90)),
-                     secs(percentile(fb, 99)), secs(percentile(tot, 50)), secs(percentile(tot, 90)),
+        ft, tot = lat["first_token"], lat["total"]
+        rows.append([provider, len(tot), secs(percentile(ft, 50)), secs(percentile(ft, 90)),
+                     secs(percentile(ft, 99)), secs(percentile(tot, 50)), secs(percentile(tot, 90)),
                      secs(percentile(tot, 99))])
     sec = Section("latency", "Latency", [Table(
-        "Successful attempts", ["provider", "attempts", "first byte p50", "p90", "p99",
+        "Successful attempts", ["provider", "attempts", "first token p50", "p90", "p99",
                                 "total p50", "p90", "p99"], rows)])
+    sec.notes.append("first token: from sending the request to the first byte of the model's "
+                     "output (content, reasoning or a tool call; keep-alive comments and the "
+                     "response headers do not count), the time to first token of a streamed "
+                     "answer; an answer that is not streamed arrives whole, so there it equals "
+                     "the total. total: until the whole answer had arrived. Attempts stored "
+                     "before first tokens were recorded show '—'.")
     total = (s.latency.get("all") or {}).get("total") or []
     if total:
         sec.histograms.append(Histogram("Total latency of successful attempts (s)", "seconds",
@@ -208,7 +221,8 @@ def _repairs(s: RunStats) -> Section:
         Table("Quarantined answers by reason", ["reason", "answers"], s.quarantine.most_common()),
         Table("Quarantined answers by reason, dataset and provider",
               ["reason", "dataset", "provider", "answers"], [list(r) for r in s.quarantine_by]),
-        Table("Conversations ended early", ["end reason", "conversations"],
+        Table("Conversations ended early (the planner stopped before the dataset's last turn, "
+              "or an answer was quarantined)", ["end reason", "conversations"],
               s.end_reasons.most_common()),
         Table("Turns per conversation (samples)", ["dataset", "turns", "conversations"],
               [[ds, n, c] for ds, v in s.shapes.items()
@@ -237,13 +251,13 @@ def _budget(s: RunStats) -> Section:
                              for d in s.datasets]))
     sec.tables.append(Table("Sessions", ["session", "host", "pid", "started", "ended", "state",
                                          "stop reason"],
-                            [[x["id"], x["host"], x["pid"], ts(x["started_at"]),
+                            [[str(x["id"]), x["host"], str(x["pid"]), ts(x["started_at"]),
                               ts(x["ended_at"] or x["heartbeat_at"]), x["state"],
                               x["stop_reason"] or "—"] for x in s.sessions]))
     if s.recent_events:
         sec.tables.append(Table("Latest events (retries left out)",
                                 ["time", "session", "kind", "dataset", "provider", "detail"],
-                                [[ts(e["ts"]), e["session"], e["kind"], e["dataset"] or "—",
+                                [[ts(e["ts"]), str(e["session"]), e["kind"], e["dataset"] or "—",
                                   e["provider"] or "—", e["detail"] or ""]
                                  for e in s.recent_events]))
     return sec

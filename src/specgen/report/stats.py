@@ -10,9 +10,11 @@ from typing import Any
 
 import orjson
 
+from ..display import UNKNOWN_PROVIDER
 from ..engine.status_queries import conversation_shapes
 
 TIME_BUCKETS = 40
+UNK = (UNKNOWN_PROVIDER,)  # the one label for a provider that was not named (a parameter)
 
 
 @dataclass
@@ -32,7 +34,7 @@ class RunStats:
     errors_over_time: dict[str, Any]  # {"t0", "width", "buckets", "series": {class: [n...]}}
     events: Counter
     recent_events: list[dict[str, Any]]
-    latency: dict[str, dict[str, list[float]]]  # provider ("all") -> {"first_byte", "total"}
+    latency: dict[str, dict[str, list[float]]]  # provider ("all") -> {"first_token", "total"}
     repairs: Counter
     flags: Counter  # `flag:` observations on kept samples (nothing was changed)
     quarantine: Counter
@@ -105,16 +107,16 @@ def collect(store) -> RunStats:
     providers: dict[str, dict[str, Any]] = defaultdict(lambda: {
         "samples": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
         "attempts": 0, "failed_attempts": 0, "billed_usd": 0.0})
-    for r in q("SELECT COALESCE(provider, '?'), COUNT(*), SUM(prompt_tokens), "
-               "SUM(completion_tokens), SUM(cost_usd) FROM results GROUP BY 1"):
+    for r in q("SELECT COALESCE(provider, ?), COUNT(*), SUM(prompt_tokens), "
+               "SUM(completion_tokens), SUM(cost_usd) FROM results GROUP BY 1", UNK):
         providers[r[0]].update(samples=r[1], prompt_tokens=r[2] or 0,
                                completion_tokens=r[3] or 0, cost_usd=r[4] or 0.0)
-    for r in q("SELECT COALESCE(provider, '?'), COUNT(*), SUM(outcome != 'ok'), SUM(cost_usd) "
-               "FROM attempts GROUP BY 1"):
+    for r in q("SELECT COALESCE(provider, ?), COUNT(*), SUM(outcome != 'ok'), SUM(cost_usd) "
+               "FROM attempts GROUP BY 1", UNK):
         providers[r[0]].update(attempts=r[1], failed_attempts=r[2] or 0, billed_usd=r[3] or 0.0)
     try:  # what each provider's own token counts said of its kept samples
-        checks = q("SELECT COALESCE(provider, '?'), COALESCE(count_check, 'unchecked'), "
-                   "COUNT(*) FROM results GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+        checks = q("SELECT COALESCE(provider, ?), COALESCE(count_check, 'unchecked'), "
+                   "COUNT(*) FROM results GROUP BY 1, 2 ORDER BY 1, 2", UNK).fetchall()
     except sqlite3.OperationalError:  # an older store opened read-only: no such column
         checks = []
     for provider, check, n in checks:
@@ -144,14 +146,17 @@ def collect(store) -> RunStats:
 
     errors: Counter = Counter()
     times: list[tuple[float, str]] = []
-    latency: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"first_byte": [], "total": []})
-    for outcome, provider, started, first_byte, ended in q(
-            "SELECT outcome, COALESCE(provider, '?'), started_at, first_byte_at, ended_at "
-            "FROM attempts"):
+    latency: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"first_token": [],
+                                                                       "total": []})
+    have = {row[1] for row in q("PRAGMA table_info(attempts)")}
+    first_token = "first_token_at" if "first_token_at" in have else "NULL"  # older stores
+    for outcome, provider, started, first, ended in q(
+            f"SELECT outcome, COALESCE(provider, ?), started_at, {first_token}, ended_at "
+            "FROM attempts", UNK):
         if outcome == "ok":
             for key in ("all", provider):
-                if started is not None and first_byte is not None:
-                    latency[key]["first_byte"].append(first_byte - started)
+                if started is not None and first is not None:
+                    latency[key]["first_token"].append(first - started)
                 if started is not None and ended is not None:
                     latency[key]["total"].append(ended - started)
             continue
@@ -168,8 +173,8 @@ def collect(store) -> RunStats:
 
     quarantine = Counter(dict(q("SELECT reason, COUNT(*) FROM quarantine GROUP BY reason")))
     quarantine_by = [tuple(r) for r in q(
-        "SELECT reason, COALESCE(dataset, '?'), COALESCE(provider, '?'), COUNT(*) "
-        "FROM quarantine GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 2, 3")]
+        "SELECT reason, COALESCE(dataset, '?'), COALESCE(provider, ?), COUNT(*) "
+        "FROM quarantine GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 2, 3", UNK)]
     stats = RunStats(
         meta=meta, config=config, sessions=sessions, datasets=list(per_ds.values()),
         providers=[{"provider": k, **v} for k, v in sorted(providers.items())],

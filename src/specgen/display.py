@@ -1,0 +1,55 @@
+"""How names and numbers are shown in every output: the same label for an unknown provider,
+thousands separators on counts, dollars to a fixed precision, and JSON floats without
+binary noise (`0.023308099999999998` -> `0.0233081`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+UNKNOWN_PROVIDER = "(unknown)"  # an answer or error that named no provider
+FLOAT_DIGITS = 12  # significant digits JSON floats keep: Unix times keep their milliseconds
+
+
+def provider_label(name: str | None) -> str:
+    """A provider's name, or the one label for answers that named none."""
+    return name or UNKNOWN_PROVIDER
+
+
+def count(n: int | float | None) -> str:
+    """A count with thousands separators (`12,678`); `—` when unknown."""
+    return "—" if n is None else f"{round(n):,}"
+
+
+def usd(v: float | None, digits: int = 4) -> str:
+    """Dollars, `$1,234.5678`; `—` when unknown."""
+    return "—" if v is None else f"${v:,.{digits}f}"
+
+
+def round_sig(x: float, digits: int = FLOAT_DIGITS) -> float:
+    """`x` to `digits` significant digits (what a float means, without its binary noise)."""
+    if x == 0 or x != x or x in (float("inf"), float("-inf")):
+        return x
+    return float(f"{x:.{digits}g}")
+
+
+def clean_floats(obj: Any, digits: int = FLOAT_DIGITS) -> Any:
+    """A JSON-able value with every float rounded to `digits` significant digits."""
+    if isinstance(obj, float):
+        return round_sig(obj, digits)
+    if isinstance(obj, dict):
+        return {k: clean_floats(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean_floats(v, digits) for v in obj]
+    return obj
+
+
+def path(p: str | Path) -> str:
+    """A path as a person would write it: `examples/../runs/q` -> `runs/q` (unless a symlink
+    makes the two different places)."""
+    raw = str(p)
+    tidy = os.path.normpath(raw)
+    if tidy != raw and os.path.realpath(tidy) != os.path.realpath(raw):
+        return raw
+    return tidy
