@@ -21,19 +21,12 @@ from urllib.parse import urlsplit
 
 import orjson
 
+# OpenRouter's provider object: its keys and their checks (re-exported for the simulator)
+from .provider_object import PROVIDER_KEYS, QUANTIZATIONS, provider_problem  # noqa: F401
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the file and the key."""
-
-
-PROVIDER_KEYS = {
-    "order", "only", "ignore", "quantizations", "allow_fallbacks", "require_parameters",
-    "data_collection", "sort", "max_price", "zdr", "enforce_distillable_text",
-}
-QUANTIZATIONS = {
-    "int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32",
-    "unknown",
-}
 
 
 @dataclass
@@ -710,25 +703,9 @@ def _require(raw: dict[str, Any], key: str, typ: type, where: str) -> Any:
 
 
 def _check_provider(provider: Any, where: str) -> None:
-    if not isinstance(provider, dict):
-        raise ConfigError(f"{where}: [endpoint.provider] must be a table")
-    unknown = set(provider) - PROVIDER_KEYS
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) in [endpoint.provider]: {', '.join(sorted(unknown))} "
-            f"(OpenRouter accepts: {', '.join(sorted(PROVIDER_KEYS))})"
-        )
-    for key in ("order", "only", "ignore", "quantizations"):
-        if key in provider and not (
-            isinstance(provider[key], list) and all(isinstance(x, str) for x in provider[key])
-        ):
-            raise ConfigError(f"{where}: endpoint.provider.{key} must be a list of strings")
-    bad = set(provider.get("quantizations", [])) - QUANTIZATIONS
-    if bad:
-        raise ConfigError(
-            f"{where}: endpoint.provider.quantizations has unknown value(s) {sorted(bad)}; "
-            f"known: {', '.join(sorted(QUANTIZATIONS))}"
-        )
+    problem = provider_problem(provider)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def build_table(cls: type, raw: Any, name: str, where: str):
