@@ -78,7 +78,8 @@ def build(run_dir: Path, convs: list[dict], decide: Callable[[dict], dict] | Non
                       None if o["true_prompt"] is None else pack_ids(o["true_prompt"]),
                       None if o["true_completion"] is None else pack_ids(o["true_completion"]),
                       o["prompt_tokens"], o["completion_tokens"], 2, 0.001,
-                      orjson.dumps(o["repairs"]).decode(), 0.5, now, o["count_check"], None)
+                      orjson.dumps(o["repairs"]).decode(), 0.5, now, o["count_check"], None,
+                      None)
             assert len(values) == len(RESULT_INSERT_COLUMNS.split(","))
             b.results.append(values)
     store.write(b)

@@ -8,7 +8,10 @@ the completion. Our rebuilt ids then only measure reconstruction (`specgen verif
 Every row also carries the provider's witness: its usage counts, the sample's `count_check`
 ("true_ids" whenever the exported ids are the backend's) and the repairs applied; and
 `tool_matches`: how each recorded tool result in its prompt was matched to the model's call
-(`exact`, `name`, `position`; empty when the prompt reuses none).
+(`exact`, `name`, `position`; empty when the prompt reuses none); and `sampling`: what the
+sample was drawn with (a JSON object: temperature, top_p, reasoning, thinking, its index among
+the dataset's `n` samples of the prompt; a list for a merged row; null for samples stored
+before the record).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class TokenSample:
     count_check: str | None = None
     repairs: list[str] = field(default_factory=list)
     tool_matches: list[str] = field(default_factory=list)
+    # the sampling of each sample in the row (specgen.sampling; None: stored before the record)
+    sampling: list[dict | None] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -91,7 +96,7 @@ class TokenSample:
             cost_usd=r.cost_usd, turns=[r.turn],
             usage_prompt_tokens=r.prompt_tokens, usage_completion_tokens=r.completion_tokens,
             count_check=exported_count_check(r), repairs=list(r.repairs),
-            tool_matches=list(r.tool_matches),
+            tool_matches=list(r.tool_matches), sampling=[r.sampling],
         )
 
 
@@ -129,6 +134,7 @@ def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
                 count_check=_weakest(prev.count_check, s.count_check),
                 repairs=[*prev.repairs, *(x for x in s.repairs if x not in prev.repairs)],
                 tool_matches=s.tool_matches,  # its prompt extends prev's: holds its results
+                sampling=[*prev.sampling, *s.sampling],
             )
         else:
             out.append(s)
@@ -172,10 +178,21 @@ def token_row(s: TokenSample, *, merged: bool) -> dict:
         "usage_prompt_tokens": s.usage_prompt_tokens,
         "usage_completion_tokens": s.usage_completion_tokens,
         "count_check": s.count_check, "repairs": s.repairs, "tool_matches": s.tool_matches,
+        "sampling": sampling_text(s.sampling, merged=merged),
     }
     if merged:
         row["merged_turns"] = s.turns
     return row
+
+
+def sampling_text(records: list[dict | None], *, merged: bool) -> str | None:
+    """The `sampling` column: the sample's record as JSON (a merged row: the list, one per
+    merged turn); null when none was recorded (samples stored before the record)."""
+    if not any(records):
+        return None
+    import orjson
+
+    return orjson.dumps(records if merged else records[0]).decode()
 
 
 def parquet_schema(*, merged: bool):
@@ -191,7 +208,7 @@ def parquet_schema(*, merged: bool):
         ("cost_usd", pa.float64()),
         ("usage_prompt_tokens", pa.int64()), ("usage_completion_tokens", pa.int64()),
         ("count_check", pa.string()), ("repairs", pa.list_(pa.string())),
-        ("tool_matches", pa.list_(pa.string())),
+        ("tool_matches", pa.list_(pa.string())), ("sampling", pa.string()),
     ]
     if merged:
         fields.append(("merged_turns", pa.list_(pa.int32())))
