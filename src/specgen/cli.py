@@ -15,6 +15,7 @@ COMMANDS = [
     "stop",
     "status",
     "preview",
+    "probe",
     "export",
     "verify",
     "report",

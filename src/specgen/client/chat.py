@@ -289,8 +289,9 @@ class ChatClient:
                         ctype = resp.content_type
                         if ctype == "text/event-stream" or (stream and ctype != "application/json"):
                             parser = StreamParser()
-                            await self._read_stream(resp, deadline, parser)
+                            first_token = await self._read_stream(resp, deadline, parser)
                             result = parser.finish()
+                            result.first_token_at = first_token
                             if token_api is not None:
                                 result = finish_token_answer(result)
                         elif token_api is not None:
@@ -395,18 +396,23 @@ class ChatClient:
         return b"".join(chunks), False
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, deadline: Deadline,
-                           parser: StreamParser) -> None:
+                           parser: StreamParser) -> float | None:
+        """Read the stream into `parser`; returns when its first token arrived (wall clock:
+        the first block after which the parser holds content, reasoning or a tool call)."""
         content = resp.content
         now = deadline._loop.time
         feed = parser.feed
+        first: float | None = None
         while True:
             block = await content.readany()
             if not block:
-                return
+                return first
             deadline.last = now()
             feed(block)
+            if first is None and parser.has_tokens():
+                first = time.time()
             if parser.done:
-                return
+                return first
 
     @staticmethod
     def _parse_json(data: bytes) -> Any:

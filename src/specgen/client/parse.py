@@ -224,6 +224,10 @@ class StreamParser:
         # byte for byte: a relay's retransmission, or a model writing the same text twice
         self._dups: list[tuple[int, int]] | None = None
 
+    def has_tokens(self) -> bool:
+        """Whether any content, reasoning or tool-call text has arrived yet."""
+        return bool(self._content or self._reasoning or self._tools)
+
     def feed(self, block: bytes) -> None:
         """Consume the next bytes of the body (any split: mid-line, mid-CRLF, many events)."""
         if self._buf:
