@@ -82,6 +82,7 @@ def _options(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import json
+    import os
 
     from rich.console import Console
 
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"specgen probe: {cfg.target.model}: {len(plan.targets)} endpoint(s) x "
                   f"{len(plan.canaries)} canaries from {plan.canary_source}; reference "
                   f"{ref.tag if ref else 'none (trigger agreement not measured)'}")
+        if plan.left_out:
+            err.print(f"  not probed (provider policy, --providers): {', '.join(plan.left_out)}")
         err.print(f"  worst case ${plan.estimate_usd:.4f} (every canary answered with "
                   f"max_tokens), cap --max-cost ${opts.max_cost_usd:g}")
 
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     th = opts.thresholds
     rows = ranked(result, th, require_witness=cfg.quality.require_witness)
     data = probe_json(cfg, result, rows, th, opts)
-    path = Path(args.out) if args.out else Path(cfg.run_dir) / "probe.json"
+    path = Path(os.path.normpath(args.out or Path(cfg.run_dir) / "probe.json"))
     try:
         write_json(path, data)
     except OSError as exc:

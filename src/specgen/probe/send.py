@@ -78,6 +78,7 @@ class Plan:
     bodies: dict[tuple[str, str], dict[str, Any]]  # (tag, canary id) -> request body
     worst: dict[tuple[str, str], float]  # (tag, canary id) -> worst-case USD
     thinking: dict[str, bool]  # canary id -> reasoning asked
+    left_out: list[str] = field(default_factory=list)  # listed endpoints not probed
 
     @property
     def estimate_usd(self) -> float:
@@ -171,7 +172,9 @@ def make_plan(cfg: RunConfig, endpoints: list[Endpoint], opts: ProbeOptions,
             prompt_price, completion_price = _prices(cfg, t.endpoint)
             bodies[(t.tag, c.id)] = {**base, "provider": pinned(cfg.endpoint.provider, t.tag)}
             worst[(t.tag, c.id)] = n_prompt * prompt_price + max_tokens * completion_price
-    return Plan(targets, chosen, source, bodies, worst, thinking)
+    probed = {t.tag for t in targets}
+    return Plan(targets, chosen, source, bodies, worst, thinking,
+                left_out=[ep.tag for ep in endpoints if ep.tag not in probed])
 
 
 class CostCap:
