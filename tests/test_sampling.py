@@ -297,3 +297,26 @@ def test_a_run_made_before_the_model_card_resumes_as_it_was_made(tmp_path, sim):
                         sampling="max_tokens = 512\nmodel_defaults = true")
     with pytest.raises(RunError, match="model_defaults"):
         go(card)
+
+
+def test_preview_shows_the_defaults_and_each_samples_draw(tmp_path):
+    from specgen.preview import preview
+    from specgen.render import mode_renderers, target_renderer
+    from specgen.tokenizer import load_tokenizer
+
+    cfg = cfg_of(tmp_path, dataset="reasoning = [true, false]\nn = 3")
+    tok = load_tokenizer("demo")
+    renderer = target_renderer(cfg, tok)
+    result = preview(cfg, renderer, n=1, renderer_for=mode_renderers(cfg, tok, renderer))
+    assert result.sampling_defaults == {"temperature": (1.0, "Kimi K2.5 model card"),
+                                        "top_p": (0.95, "Kimi K2.5 model card")}
+    d = result.datasets[0]
+    assert d.n == 3 and d.est_requests == 3 and d.sampling == {"reasoning": [True, False]}
+    s = d.samples[0]
+    want = sample_settings(cfg, cfg.datasets[0], s.conversation_id, s.turn)
+    assert s.sampling == want.to_json()
+    assert s.body["temperature"] == want.temperature and s.body["top_p"] == 0.95
+    assert s.body["reasoning"] == {"enabled": want.thinking}
+    # the token view is the prompt of the sample's own thinking mode
+    mode = mode_renderers(cfg, tok, renderer)(want.thinking)
+    assert s.input_ids[:s.n_prompt] == mode.prompt_ids(s.body["messages"], None)

@@ -49,7 +49,8 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         if spend.token_budget:
             frac = spend.completion_tokens / spend.token_budget
         if ds.cfg.limit:
-            convs_done = ds.conversations - ds.open
+            # the limit counts source rows; each gives n conversations
+            convs_done = (ds.conversations - ds.open) / max(1, ds.cfg.n)
             f2 = (convs_done + ds.rows_other_shard) / ds.cfg.limit
             frac = f2 if frac is None else max(frac, f2)
         if ds.exhausted and total:
