@@ -437,7 +437,8 @@ def test_config_change_is_refused_unless_force_new(tmp_path, clean_sim):
     with pytest.raises(RunError) as exc:
         go(path)
     msg = str(exc.value)
-    assert "sampling.temperature: 1.0 -> 0.5" in msg and "max_tokens" in msg
+    # silent: the model card decided it (docs/config.md); now set
+    assert "sampling.temperature: unset -> 0.5" in msg and "max_tokens" in msg
     assert "--force-new" in msg
     cfg, outcome = go(path, force_new=True)
     assert outcome.state == "finished"
@@ -514,7 +515,11 @@ def test_an_answer_that_breaks_the_normaliser_is_quarantined_not_fatal(tmp_path,
         return real.normalize(resp, **kw)
 
     write_jsonl(tmp_path / "a.jsonl", prompt_rows(12))
-    path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}])
+    # every third call fails: the bodies (and so the sim's answers) of the sampling this test
+    # was written with, where no answer repeats a stream event (a count-guided repair would
+    # call the normaliser again and shift the count)
+    path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}],
+                        sampling="max_tokens = 4096\nmodel_defaults = false")
     cfg, outcome = go(path, stages=dataclasses.replace(real, normalize=flaky_normalize))
     assert outcome.state == "finished"
     st = run_status(cfg.run_dir)["datasets"]["a"]

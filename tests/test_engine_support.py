@@ -173,7 +173,7 @@ def check_store(run_dir: Path, vocab: int | None = None) -> dict[str, int]:
     * each task has at most one result and a result exactly when it is done;
     * no conversation twice (dataset, conv_id), no task twice (conversation, turn);
     * results' ids are valid: n_prompt within the sample, ids inside the vocabulary;
-    * every dataset's rows_read = conversations + invalid + duplicate + other-shard rows.
+    * every dataset's rows_read = source rows admitted + invalid + duplicate + other-shard rows.
     """
     with Store.open(run_dir) as store:
         c = store.conn
@@ -191,7 +191,8 @@ def check_store(run_dir: Path, vocab: int | None = None) -> dict[str, int]:
         for ds, rows_read, inv, dup, other in c.execute(
                 "SELECT name, rows_read, rows_invalid, rows_duplicate, rows_other_shard "
                 "FROM datasets"):
-            n = c.execute("SELECT COUNT(*) FROM conversations WHERE dataset=?",
+            # source rows admitted: a dataset's n samples of a prompt share its row
+            n = c.execute("SELECT COUNT(DISTINCT row_index) FROM conversations WHERE dataset=?",
                           (ds,)).fetchone()[0]
             assert rows_read == n + inv + dup + other, (ds, rows_read, n, inv, dup, other)
         n_results = 0

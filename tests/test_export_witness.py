@@ -79,7 +79,7 @@ def build(run_dir: Path, convs: list[dict], decide: Callable[[dict], dict] | Non
                       None if o["true_completion"] is None else pack_ids(o["true_completion"]),
                       o["prompt_tokens"], o["completion_tokens"], 2, 0.001,
                       orjson.dumps(o["repairs"]).decode(), 0.5, now, o["count_check"], None,
-                      o.get("quantization"))
+                      o.get("quantization"), None)
             assert len(values) == len(RESULT_INSERT_COLUMNS.split(","))
             b.results.append(values)
     store.write(b)

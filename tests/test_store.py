@@ -33,7 +33,7 @@ def result_row(task: int, conv: int, ds: str = "a", turn: int = 1, ids=(1, 2, 3,
     return (task, conv, ds, turn, "p1", "m", "stop", "stop",
             pack_json({"messages": [{"role": "user", "content": "q"}], "tools": None}),
             orjson.dumps({"role": "assistant", "content": "a"}).decode(), pack_ids(ids),
-            n_prompt, None, None, 10, 5, 0, 0.01, "[]", 0.5, time.time(), "exact", None, "fp8")
+            n_prompt, None, None, 10, 5, 0, 0.01, "[]", 0.5, time.time(), "exact", None, "fp8", None)
 
 
 def attempt_row(task: int, ds: str = "a", outcome: str = "ok", cost: float | None = 0.01,
@@ -197,8 +197,8 @@ def test_tool_matches_are_stored_and_old_stores_stay_readable(tmp_path):
     b.tasks[4] = (4, 4, "a", 3, "done", 1, None)
     b.conv_status[4] = ("ended", "tool_name_mismatch")
     b.attempts.append(attempt_row(4))
-    b.results.append((*result_row(4, 4, turn=3)[:-2], encode_tool_matches(["exact", "name"]),
-                      "fp8"))
+    b.results.append((*result_row(4, 4, turn=3)[:-3], encode_tool_matches(["exact", "name"]),
+                      "fp8", None))
     store.write(b)
     rows = {r.task: r.tool_matches for r in store.iter_results()}
     assert rows == {1: [], 4: ["exact", "name"]}

@@ -57,7 +57,7 @@ def result_row(tid: int, n_ids: int = N_IDS):
             pack_json({"messages": [{"role": "user", "content": f"q{tid}"}], "tools": None}),
             orjson.dumps({"role": "assistant", "content": f"a{tid}"}).decode(),
             pack_ids(range(tid, tid + n_ids)), 2, None, None, 10, 5, 0, 0.01, "[]", 0.5,
-            time.time(), "exact", None, "fp8")
+            time.time(), "exact", None, "fp8", None)
 
 
 def add_answers(b: Batch, ids, *, status: str = "pending", attempts: int = 1,

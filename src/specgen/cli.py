@@ -15,6 +15,7 @@ COMMANDS = [
     "status",
     "stop",
     "provider",
+    "probe",
     "export",
     "verify",
     "report",

@@ -21,19 +21,12 @@ from urllib.parse import urlsplit
 
 import orjson
 
+# OpenRouter's provider object: its keys and their checks (re-exported for the simulator)
+from .provider_object import PROVIDER_KEYS, QUANTIZATIONS, provider_problem  # noqa: F401
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the file and the key."""
-
-
-PROVIDER_KEYS = {
-    "order", "only", "ignore", "quantizations", "allow_fallbacks", "require_parameters",
-    "data_collection", "sort", "max_price", "zdr", "enforce_distillable_text",
-}
-QUANTIZATIONS = {
-    "int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32",
-    "unknown",
-}
 
 
 @dataclass
@@ -106,7 +99,8 @@ class EndpointConfig:
 
 @dataclass
 class SamplingConfig:
-    temperature: float | None = 1.0
+    # Unset: the model card's value for the thinking mode (specgen.sampling), else 1.0.
+    temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
@@ -115,14 +109,15 @@ class SamplingConfig:
     seed: int | None = None
     stop: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # merged into the request body
+    # Fill silent temperature / top_p from the model card (specgen.sampling.MODEL_CARDS).
+    # Unset = on, except for a store made before the key: it resumes as it was made (off).
+    model_defaults: bool | None = None
 
     @property
     def thinking(self) -> bool:
-        if isinstance(self.reasoning, dict):
-            return bool(self.reasoning.get("enabled", True)) and not self.reasoning.get(
-                "effort"
-            ) == "none"
-        return bool(self.reasoning)
+        from .sampling import thinking_of
+
+        return thinking_of(self.reasoning)
 
 
 @dataclass
@@ -155,6 +150,13 @@ class DatasetConfig:
     # How recorded tool results are reused after the model's own calls: "strict", "name"
     # or "position" (specgen.planner, docs/datasets.md "Tool loops").
     tool_results: str = "name"
+    # Sampling of this dataset's requests (specgen.sampling): a value, or a mix to draw from
+    # per task (temperature) / per conversation (reasoning), with optional weights.
+    temperature: float | list[float] | None = None
+    temperature_weights: list[float] | None = None
+    reasoning: bool | dict[str, Any] | list[Any] | None = None
+    reasoning_weights: list[float] | None = None
+    n: int = 1  # samples per prompt: n separate conversations, each its own sample(s)
     # The path as the config wrote it: what the result hash uses, so shards of one config run
     # from different directories or machines hash alike (and merge).
     path_as_written: str | None = field(default=None, init=False)
@@ -242,8 +244,16 @@ class RunConfig:
         Budgets, limits, concurrency, timeouts, provider policy and the engine tuning are left
         out: changing them continues a run.
         """
+        from .sampling import GENERIC_TEMPERATURE, card_in_effect
+
         data = self.to_json()
-        sampling = {k: v for k, v in data["sampling"].items() if k != "max_tokens"}
+        sampling = {k: v for k, v in data["sampling"].items()
+                    if k not in ("max_tokens", "model_defaults")}
+        card = card_in_effect(self)
+        if card:  # the model card decides what the config leaves silent: say which
+            sampling["model_card"] = card
+        elif sampling["temperature"] is None:  # silent meant 1.0 before the model cards
+            sampling["temperature"] = GENERIC_TEMPERATURE
         target = {k: v for k, v in data["target"].items() if k != "tokenizer"
                   and not (k == "serving" and v == "auto")  # runs made before the keys
                   and not (k == "chat_template_kwargs" and not v)}
@@ -259,6 +269,9 @@ class RunConfig:
         keep["max_tokens"] = self.max_tokens_for(ds)
         if keep["tool_results"] == "name":
             del keep["tool_results"]  # the default: runs made before the key still resume
+        for key in SAMPLING_DATASET_KEYS:  # only when set: runs made before the keys resume
+            if d[key] is not None and not (key == "n" and d[key] == 1):
+                keep[key] = d[key]
         return _hash(keep)
 
     def result_hash(self) -> str:
@@ -272,6 +285,9 @@ class RunConfig:
 
 RESULT_DATASET_KEYS = ("path", "format", "max_tokens", "turns", "on_length", "split",
                        "native_tool_ids", "tool_results")
+# Per-dataset sampling keys (change results; hashed only when set, see dataset_result_hash).
+SAMPLING_DATASET_KEYS = ("temperature", "temperature_weights", "reasoning",
+                         "reasoning_weights", "n")
 
 
 def _hash(obj: Any) -> str:
@@ -401,6 +417,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     _validate_sampling(cfg.sampling, where)
     _validate_numbers(cfg, where)
     _validate_quality(cfg.quality, where)
+    _check_sampling_values(cfg.sampling, where)
     if cfg.sim.config is not None:
         cfg.sim.config = _resolve(base, cfg.sim.config)
         if not cfg.sim.config.is_file():
@@ -434,6 +451,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
                 raise ConfigError(f"{label}: {key} must be positive, got {value}")
         if ds.weight is not None and not ds.weight > 0:
             raise ConfigError(f"{label}: weight must be > 0, got {ds.weight}")
+        _check_dataset_sampling(ds, label)
     return cfg
 
 
@@ -457,6 +475,44 @@ def _validate_quality(q: QualityConfig, where: str) -> None:
         if rule.min_samples > q.window:
             raise ConfigError(f"{where}: quality.alarms.{name}.min_samples ({rule.min_samples}) "
                               f"is larger than quality.window ({q.window})")
+
+
+def _check_dataset_sampling(ds: DatasetConfig, label: str) -> None:
+    """A dataset's sampling values and mixes (specgen.sampling)."""
+    from .sampling import check_reasoning
+
+    if ds.n < 1:
+        raise ConfigError(f"{label}: n (samples per prompt) must be >= 1, got {ds.n}")
+    temps = ds.temperature if isinstance(ds.temperature, list) else (
+        [] if ds.temperature is None else [ds.temperature])
+    for i, t in enumerate(temps):
+        key = f"temperature[{i}]" if isinstance(ds.temperature, list) else "temperature"
+        if not 0 <= t <= 2:
+            raise ConfigError(f"{label}: {key} must be between 0 and 2, got {t}")
+    mixes = (("temperature", ds.temperature, ds.temperature_weights),
+             ("reasoning", ds.reasoning, ds.reasoning_weights))
+    for name, values, weights in mixes:
+        if isinstance(values, list) and not values:
+            raise ConfigError(f"{label}: {name} = [] has nothing to draw from; give one value "
+                              "or several")
+        if weights is None:
+            continue
+        if not isinstance(values, list):
+            raise ConfigError(f"{label}: {name}_weights needs {name} to be a list of values "
+                              f"to draw from, e.g. {name} = [a, b] and {name}_weights = [3, 1]")
+        if len(weights) != len(values):
+            raise ConfigError(f"{label}: {name}_weights has {len(weights)} weight(s) for "
+                              f"{len(values)} {name} value(s); give one weight per value")
+        for i, w in enumerate(weights):
+            if not w > 0:
+                raise ConfigError(f"{label}: {name}_weights[{i}] must be > 0, got {w}")
+    values = ds.reasoning if isinstance(ds.reasoning, list) else (
+        [] if ds.reasoning is None else [ds.reasoning])
+    for i, r in enumerate(values):
+        key = f"reasoning[{i}]" if isinstance(ds.reasoning, list) else "reasoning"
+        problem = check_reasoning(r, key)
+        if problem:
+            raise ConfigError(f"{label}: {problem}")
 
 
 def _check_tool_results(value: str, label: str) -> None:
@@ -670,6 +726,19 @@ def _validate_sampling(s: SamplingConfig, where: str) -> None:
                 )
 
 
+def _check_sampling_values(s: SamplingConfig, where: str) -> None:
+    from .sampling import check_reasoning
+
+    if s.temperature is not None and not 0 <= s.temperature <= 2:
+        raise ConfigError(f"{where}: sampling.temperature must be between 0 and 2, "
+                          f"got {s.temperature}")
+    if s.top_p is not None and not 0 < s.top_p <= 1:
+        raise ConfigError(f"{where}: sampling.top_p must be in (0, 1], got {s.top_p}")
+    problem = check_reasoning(s.reasoning, "sampling.reasoning")
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+
+
 def _check_finite(value: Any, key: str, where: str) -> None:
     """NaN and +-inf are valid TOML but never a valid setting: refuse them at any depth."""
     if isinstance(value, float):
@@ -747,25 +816,9 @@ def _require(raw: dict[str, Any], key: str, typ: type, where: str) -> Any:
 
 
 def _check_provider(provider: Any, where: str) -> None:
-    if not isinstance(provider, dict):
-        raise ConfigError(f"{where}: [endpoint.provider] must be a table")
-    unknown = set(provider) - PROVIDER_KEYS
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) in [endpoint.provider]: {', '.join(sorted(unknown))} "
-            f"(OpenRouter accepts: {', '.join(sorted(PROVIDER_KEYS))})"
-        )
-    for key in ("order", "only", "ignore", "quantizations"):
-        if key in provider and not (
-            isinstance(provider[key], list) and all(isinstance(x, str) for x in provider[key])
-        ):
-            raise ConfigError(f"{where}: endpoint.provider.{key} must be a list of strings")
-    bad = set(provider.get("quantizations", [])) - QUANTIZATIONS
-    if bad:
-        raise ConfigError(
-            f"{where}: endpoint.provider.quantizations has unknown value(s) {sorted(bad)}; "
-            f"known: {', '.join(sorted(QUANTIZATIONS))}"
-        )
+    problem = provider_problem(provider)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def build_table(cls: type, raw: Any, name: str, where: str):

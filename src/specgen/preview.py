@@ -26,11 +26,12 @@ from typing import Any
 from urllib.parse import quote
 
 from .client.tokens import token_url
-from .config import DatasetConfig, RunConfig
+from .config import SAMPLING_DATASET_KEYS, DatasetConfig, RunConfig
 from .conversation import AssistantMessage, Conversation
 from .planner import DEFAULT_TOOL_RESULTS, End, TurnRequest, next_request
 from .render.base import Renderer, RenderError
 from .request import build_request, build_token_request, request_dialect
+from .sampling import SampleSettings, run_defaults, sample_settings
 from .sources import Row, SourceError, count_rows, detect_dataset_format, iter_rows
 from .sources.files import iter_records
 
@@ -52,6 +53,7 @@ class SamplePreview:
     input_ids: list[int]
     n_prompt: int
     answer: str  # "dataset" (the dataset's own answer stands in) or "model" (prompt only)
+    sampling: dict[str, Any] = field(default_factory=dict)  # SampleSettings.to_json()
 
 
 @dataclass
@@ -85,6 +87,8 @@ class DatasetPreview:
     first_invalid: str | None = None  # where and why the first invalid row is invalid
     requests_before_invalid: int = 0  # this dataset's requests planned before that row
     requests_earlier: int | None = None  # the earlier datasets' (None: not previewed)
+    n: int = 1  # samples per prompt (each its own request)
+    sampling: dict[str, Any] = field(default_factory=dict)  # the dataset's own keys and mixes
 
     @property
     def scale(self) -> float:
@@ -99,7 +103,7 @@ class DatasetPreview:
 
     @property
     def est_requests(self) -> int:
-        return round(self.requests * self.scale)
+        return round(self.requests * self.scale * self.n)
 
     @property
     def est_requests_min(self) -> int:
@@ -112,7 +116,7 @@ class DatasetPreview:
 
     @property
     def est_prompt_tokens(self) -> int:
-        return round(self.prompt_tokens * self.scale)
+        return round(self.prompt_tokens * self.scale * self.n)
 
     @property
     def worst_completion_tokens(self) -> int:
@@ -148,13 +152,13 @@ class DatasetPreview:
             "max_tokens": self.max_tokens, "token_budget": self.token_budget,
             "worst_case_completion_tokens": self.worst_completion_tokens,
             "worst_case_cost_usd": self.worst_case_cost(prices),
-            "warnings": self.warnings,
+            "warnings": self.warnings, "n": self.n, "sampling": self.sampling,
             "samples": [{
                 "conversation_id": s.conversation_id, "row": s.row, "turn": s.turn,
                 "url": s.url, "headers": s.headers, "body": s.body,
                 "input_ids": s.input_ids,
                 "loss_mask": [0] * s.n_prompt + [1] * (len(s.input_ids) - s.n_prompt),
-                "answer": s.answer,
+                "answer": s.answer, "sampling": s.sampling,
             } for s in self.samples],
         }
 
@@ -166,6 +170,8 @@ class Preview:
     dialect: str
     price_origin: str = "unknown"  # where the prices came from, in words
     max_cost_usd: float | None = None  # the run's dollar cap ([budget] max_cost_usd)
+    # run-wide temperature / top_p of a silent dataset: {key: (value, where it comes from)}
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
     def total_cost(self) -> float | None:
         """Worst case over the datasets, before the run's dollar cap."""
@@ -175,14 +181,16 @@ class Preview:
 
 def preview(
     cfg: RunConfig, renderer: Renderer, *, n: int = 3, dataset: str | None = None,
-    scan: int = DEFAULT_SCAN, fetch_prices: bool = False,
+    scan: int = DEFAULT_SCAN, fetch_prices: bool = False, renderer_for=None,
 ) -> Preview:
-    """Analyse the datasets of `cfg` (all, or the one named `dataset`); `scan` = 0 reads all."""
+    """Analyse the datasets of `cfg` (all, or the one named `dataset`); `scan` = 0 reads all.
+    `renderer_for(thinking)`: the renderer of a sample's thinking mode (reasoning mixes)."""
     chosen = [d for d in cfg.datasets if dataset is None or d.name == dataset]
     if dataset is not None and not chosen:
         raise KeyError(f"no dataset named {dataset!r} (the config has: "
                        f"{', '.join(d.name for d in cfg.datasets)})")
-    out = [preview_dataset(cfg, d, renderer, n=n, scan=scan) for d in chosen]
+    out = [preview_dataset(cfg, d, renderer, n=n, scan=scan, renderer_for=renderer_for)
+           for d in chosen]
     complete = len(chosen) == len(cfg.datasets)
     earlier = 0
     for p in out:
@@ -192,14 +200,18 @@ def preview(
         if p.stops:
             p.warnings.append(_stop_warning(p))
     prices, origin = known_prices(cfg, fetch=fetch_prices)
-    return Preview(out, prices, request_dialect(cfg), origin, cfg.budget.max_cost_usd)
+    return Preview(out, prices, request_dialect(cfg), origin, cfg.budget.max_cost_usd,
+                   sampling_defaults=run_defaults(cfg))
 
 
 def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n: int,
-                    scan: int) -> DatasetPreview:
+                    scan: int, renderer_for=None) -> DatasetPreview:
     p = DatasetPreview(name=ds.name, path=str(ds.path), format=ds.format, turns=ds.turns,
                        max_tokens=cfg.max_tokens_for(ds), limit=ds.limit,
-                       token_budget=ds.token_budget, skip_invalid=ds.skip_invalid)
+                       token_budget=ds.token_budget, skip_invalid=ds.skip_invalid, n=ds.n,
+                       sampling={k: getattr(ds, k) for k in SAMPLING_DATASET_KEYS
+                                 if getattr(ds, k) is not None and k != "n"})
+    modes = renderer_for or (lambda _thinking: renderer)
     try:
         if ds.format == "auto":
             p.format = f"{detect_dataset_format(ds)} (detected)"
@@ -211,7 +223,7 @@ def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n:
                 break
             p.rows_scanned += 1
             last_index = row.index
-            _count_row(cfg, ds, renderer, p, row, n)
+            _count_row(cfg, ds, renderer, p, row, n, modes)
         if not p.complete:
             p.total_rows = count_rows(ds.path, ds.split)
             if p.total_rows is None:  # JSON: count the remaining rows by reading them
@@ -229,7 +241,7 @@ def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n:
 
 
 def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: DatasetPreview,
-               row: Row, n: int) -> None:
+               row: Row, n: int, modes) -> None:
     if row.error is not None:
         if p.first_invalid is None:
             p.first_invalid = f"row {row.index} ({row.error.file}" + (
@@ -266,7 +278,11 @@ def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: Dataset
         p.prompt_tokens += len(ids)
         p.max_prompt_tokens = max(p.max_prompt_tokens, len(ids))
         if len(p.samples) < n and (not p.samples or p.samples[-1].conversation_id != conv.id):
-            p.samples.append(_sample(cfg, ds, renderer, conv, row.index, req, ids))
+            st = sample_settings(cfg, ds, conv.id, req.turn)
+            shown = modes(st.thinking)
+            if shown is not renderer:
+                ids = shown.prompt_ids(req.messages, req.tools)
+            p.samples.append(_sample(cfg, ds, shown, conv, row.index, req, ids, st))
     p.requests_min += min(fewest_requests(conv, planned), p.requests - rendered)
 
 
@@ -311,14 +327,16 @@ def _stop_warning(p: DatasetPreview) -> str:
 
 
 def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Conversation,
-            row: int, req: TurnRequest, prompt_ids: list[int]) -> SamplePreview:
+            row: int, req: TurnRequest, prompt_ids: list[int],
+            settings: SampleSettings) -> SamplePreview:
     ep = cfg.endpoint
     base = ep.base_url[0]  # "sim" stands in as http://sim, then is named in words
     if ep.tokens_mode:
-        body = build_token_request(cfg, ds, prompt_ids, renderer.stop_token_ids)
+        body = build_token_request(cfg, ds, prompt_ids, renderer.stop_token_ids,
+                                   settings=settings)
         url = token_url("http://sim" if base == "sim" else base, ep.token_api_name)
     else:
-        body = build_request(cfg, ds, req)
+        body = build_request(cfg, ds, req, settings=settings)
         url = ("http://sim" if base == "sim" else base.rstrip("/")) + "/chat/completions"
     if base == "sim":
         url = "(the built-in simulator)" + url.removeprefix("http://sim")
@@ -334,7 +352,7 @@ def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Convers
     return SamplePreview(conversation_id=conv.id, row=row, turn=req.turn, url=url,
                          headers=request_headers(cfg), body=body,
                          input_ids=[*prompt_ids, *completion], n_prompt=len(prompt_ids),
-                         answer=answer)
+                         answer=answer, sampling=settings.to_json())
 
 
 def request_headers(cfg: RunConfig) -> dict[str, str]:

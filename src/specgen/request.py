@@ -30,6 +30,7 @@ from .config import DatasetConfig, RunConfig, is_openrouter_url
 from .conversation import Message, content_text, message_reasoning
 from .planner import TurnRequest
 from .render import template_switches
+from .sampling import SampleSettings, sample_settings
 
 PROTECTED = frozenset({"model", "messages", "tools"})  # `sampling.extra` cannot replace these
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")  # sent when set
@@ -76,15 +77,28 @@ def request_dialect(cfg: RunConfig, base_url: str | None = None) -> str:
     return dialect(base_url or cfg.endpoint.base_url[0])
 
 
+def sampling_fields(cfg: RunConfig, st: SampleSettings) -> dict[str, Any]:
+    """The numeric sampling fields sent (temperature, top_p from the sample's settings; top_k,
+    min_p, seed from [sampling]), those that are set."""
+    s = cfg.sampling
+    values = {"temperature": st.temperature, "top_p": st.top_p, "top_k": s.top_k,
+              "min_p": s.min_p, "seed": s.seed}
+    return {k: values[k] for k in SAMPLING_KEYS if values[k] is not None}
+
+
 def build_request(
-    cfg: RunConfig, ds: DatasetConfig, req: TurnRequest, *, base_url: str | None = None
+    cfg: RunConfig, ds: DatasetConfig, req: TurnRequest, *, base_url: str | None = None,
+    settings: SampleSettings | None = None,
 ) -> dict[str, Any]:
     """The exact JSON body sent for this turn (no secrets in it).
 
     `base_url` picks the dialect when `endpoint.dialect` is auto (default: the first base URL).
+    `settings`: the sample's sampling (specgen.sampling; default: the dataset's, drawn for an
+    anonymous conversation).
     """
     kind = request_dialect(cfg, base_url)
     s = cfg.sampling
+    st = settings or sample_settings(cfg, ds, "", req.turn)
     body: dict[str, Any] = {
         "model": cfg.target.model,
         "messages": [request_message(m, kind) for m in req.messages],
@@ -92,18 +106,18 @@ def build_request(
     if req.tools:
         body["tools"] = req.tools
     body["max_tokens"] = cfg.max_tokens_for(ds)
-    for key in (*SAMPLING_KEYS, "stop"):
-        value = getattr(s, key)
-        if value is not None:
-            body[key] = value
+    body.update(sampling_fields(cfg, st))
+    if s.stop is not None:
+        body["stop"] = s.stop
     if kind == "openrouter":
-        body["reasoning"] = reasoning_object(s.reasoning)
+        body["reasoning"] = reasoning_object(st.reasoning)
         if cfg.endpoint.provider:
             body["provider"] = cfg.endpoint.provider
         body["usage"] = {"include": True}
         body["transforms"] = []  # no context compression: the prompt must reach the model whole
     else:
-        body["chat_template_kwargs"] = template_switches(s.thinking, cfg.target.chat_template_kwargs)
+        body["chat_template_kwargs"] = template_switches(st.thinking,
+                                                         cfg.target.chat_template_kwargs)
     body["stream"] = bool(cfg.endpoint.stream)
     if cfg.endpoint.stream:
         body["stream_options"] = {"include_usage": True}
@@ -118,6 +132,7 @@ def build_request(
 
 def build_token_request(
     cfg: RunConfig, ds: DatasetConfig, prompt_ids: Sequence[int], stop_ids: Iterable[int],
+    settings: SampleSettings | None = None,
 ) -> dict[str, Any]:
     """The token-in body for `endpoint.token_api` (docs/client.md, "Token-in mode").
 
@@ -127,7 +142,7 @@ def build_token_request(
     s = cfg.sampling
     stops = sorted(int(i) for i in stop_ids)
     max_tokens = cfg.max_tokens_for(ds)
-    params = {k: getattr(s, k) for k in SAMPLING_KEYS if getattr(s, k) is not None}
+    params = sampling_fields(cfg, settings or sample_settings(cfg, ds, "", 0))
     if cfg.endpoint.token_api_name == "sglang":
         sampling: dict[str, Any] = {"max_new_tokens": max_tokens, **params,
                                     "stop_token_ids": stops, "skip_special_tokens": False,

@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS results(
   input_ids BLOB NOT NULL, n_prompt INTEGER NOT NULL, true_prompt_ids BLOB,
   true_completion_ids BLOB, prompt_tokens INTEGER, completion_tokens INTEGER,
   reasoning_tokens INTEGER, cost_usd REAL, repairs TEXT, latency_s REAL, created_at REAL,
-  count_check TEXT, tool_matches TEXT, quantization TEXT);
+  count_check TEXT, tool_matches TEXT, quantization TEXT, sampling TEXT);
 CREATE INDEX IF NOT EXISTS results_conversation ON results(conversation, turn);
 CREATE TABLE IF NOT EXISTS quarantine(
   id INTEGER PRIMARY KEY, task INTEGER, dataset TEXT, provider TEXT, reason TEXT NOT NULL,
@@ -97,7 +97,8 @@ CREATE TABLE IF NOT EXISTS events(
 
 # Columns added to a table after its first release; `Store.create` adds them to older stores.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    "results": (("count_check", "TEXT"), ("tool_matches", "TEXT"), ("quantization", "TEXT")),
+    "results": (("count_check", "TEXT"), ("tool_matches", "TEXT"), ("quantization", "TEXT"),
+                ("sampling", "TEXT")),
     "attempts": (("first_token_at", "REAL"),),
 }
 
@@ -351,6 +352,9 @@ class ResultRow:
     # the quantization that served it: revealed by the answer, else the endpoint list's for its
     # provider ("a+b" when several of its allowed endpoints could have); None without a list
     quantization: str | None = None
+    # the sampling this sample was drawn with (specgen.sampling.SampleSettings.to_json:
+    # temperature, top_p, reasoning, thinking, sample index); None for samples stored before
+    sampling: dict[str, Any] | None = None
 
     @property
     def loss_mask(self) -> list[int]:
@@ -362,7 +366,7 @@ RESULT_COLUMNS = (
     "r.finish_reason, r.native_finish_reason, r.request, r.message, r.input_ids, r.n_prompt, "
     "r.true_prompt_ids, r.true_completion_ids, r.prompt_tokens, r.completion_tokens, "
     "r.reasoning_tokens, r.cost_usd, r.repairs, r.latency_s, r.created_at, r.count_check, "
-    "r.tool_matches, r.quantization"
+    "r.tool_matches, r.quantization, r.sampling"
 )
 
 
@@ -378,6 +382,7 @@ def decode_result_row(row: tuple) -> ResultRow:
         cost_usd=row[18], repairs=orjson.loads(row[19]) if row[19] else [],
         latency_s=row[20], created_at=row[21], count_check=row[22],
         tool_matches=decode_tool_matches(row[23]), quantization=row[24],
+        sampling=orjson.loads(row[25]) if len(row) > 25 and row[25] else None,
     )
 
 
@@ -730,6 +735,12 @@ class Store:
             out.setdefault(ds, {})[status] = n
         return out
 
+    def prompts_admitted(self, dataset: str) -> int:
+        """Source rows admitted of a dataset (its n samples of a prompt share a row)."""
+        return int(self.conn.execute(
+            "SELECT COUNT(DISTINCT row_index) FROM conversations WHERE dataset=?",
+            (dataset,)).fetchone()[0])
+
     def conversation_counts(self) -> dict[str, dict[str, int]]:
         """{dataset: {conversation status: count}}."""
         out: dict[str, dict[str, int]] = {}
@@ -867,7 +878,7 @@ RESULT_INSERT_COLUMNS = (
     "task, conversation, dataset, turn, provider, model, finish_reason, native_finish_reason, "
     "request, message, input_ids, n_prompt, true_prompt_ids, true_completion_ids, "
     "prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, repairs, latency_s, created_at, "
-    "count_check, tool_matches, quantization"
+    "count_check, tool_matches, quantization, sampling"
 )
 
 

@@ -227,6 +227,27 @@ def run_tokenizer_and_renderer(meta: dict[str, str], tokenizer: str | None = Non
         raise VerifyError(str(exc)) from None
 
 
+def _modes(meta: dict[str, str], tok, renderer):
+    """thinking -> the run's renderer in that mode (for samples of a reasoning mix)."""
+    from .render import get_renderer, template_switches
+
+    try:
+        config = orjson.loads(meta.get("config_json") or "{}")
+    except orjson.JSONDecodeError:
+        config = {}
+    extra = (config.get("target") or {}).get("chat_template_kwargs") or {}
+    cache = {renderer.thinking: renderer}
+
+    def renderer_for(thinking: bool):
+        if thinking not in cache:
+            cache[thinking] = get_renderer(renderer.name, tok, thinking=thinking,
+                                           chat_template_kwargs=template_switches(thinking,
+                                                                                  extra))
+        return cache[thinking]
+
+    return renderer_for
+
+
 def parse_flag(value: str | None, default: bool) -> bool:
     if value is None or value == "":
         return default
@@ -242,7 +263,7 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
         tok, renderer = run_tokenizer_and_renderer(meta, tokenizer)
         report = VerifyReport(run_dir=str(run_dir), renderer=renderer.name,
                               max_true_mismatch=max_true_mismatch)
-        checker = SampleChecker(tok, renderer)
+        checker = SampleChecker(tok, renderer, renderer_for=_modes(meta, tok, renderer))
         base_urls = BaseUrls(store)
         for raw in store.iter_result_tuples(datasets):
             report.samples += 1
@@ -305,9 +326,12 @@ def store_consistency(store) -> list[str]:
 class SampleChecker:
     """The per-sample checks (see the module docstring)."""
 
-    def __init__(self, tok, renderer):
+    def __init__(self, tok, renderer, renderer_for=None):
         self.tok = tok
         self.renderer = renderer
+        self.base = renderer
+        # thinking -> renderer: a sample drawn from a reasoning mix is checked in its own mode
+        self.renderer_for = renderer_for or (lambda _thinking: renderer)
         self.stop_ids = renderer.stop_token_ids
         sp = tok.special_tokens
         self.section = tuple(sp.get(t) for t in TOOL_SECTION)
@@ -318,6 +342,9 @@ class SampleChecker:
         """The problems of one sample (empty when it passes); true ids go into `report`
         (and into its provider's `pc`)."""
         problems: list[Problem] = []
+        thinking = (row.sampling or {}).get("thinking")
+        self.renderer = (self.base if not isinstance(thinking, bool)
+                         or thinking == self.base.thinking else self.renderer_for(thinking))
 
         def problem(check: str, detail: str) -> None:
             problems.append(Problem(check, row.task, row.dataset, row.conv_id, row.turn, detail))

@@ -44,6 +44,8 @@ class ChatResponse:
     # answer that is not streamed, when its body was read (= ended_at)
     first_token_at: float | None = None
     ended_at: float = 0.0
+    # streams: when the first content / reasoning / tool-call text arrived (time to first token)
+    first_token_at: float | None = None
     stream: bool = False
     http_status: int | None = None
     # OpenRouter's X-OpenRouter-Cache-Status ("HIT" means a replayed, unbilled answer).

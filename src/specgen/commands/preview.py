@@ -53,8 +53,9 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError, load_config
+    from ..engine.resume import pin_for_run_dir
     from ..preview import DEFAULT_SCAN, preview
-    from ..render import RenderError, target_renderer
+    from ..render import RenderError, mode_renderers, target_renderer
     from ..tokenizer import TokenizerError, load_tokenizer
 
     if args.n < 0:
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         cfg = load_config(args.config)
+        pin_for_run_dir(cfg)  # a run made before the model-card defaults resumes without
         tokenizer = load_tokenizer(cfg.target.tokenizer)
         renderer = target_renderer(cfg, tokenizer)
     except (ConfigError, TokenizerError, RenderError) as exc:
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     scan = DEFAULT_SCAN if args.scan is None else max(0, args.scan)
     try:
         result = preview(cfg, renderer, n=args.n, dataset=args.dataset, scan=scan,
-                         fetch_prices=args.fetch_prices)
+                         fetch_prices=args.fetch_prices,
+                         renderer_for=mode_renderers(cfg, tokenizer, renderer))
     except KeyError as exc:
         print(f"specgen preview: {exc.args[0]}", file=sys.stderr)
         return 2
@@ -86,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
                "prices": clean_floats({**result.prices.to_json(),
                                        "origin": result.price_origin}),
                "worst_case_cost_usd": clean_floats(result.total_cost()),
-               "max_cost_usd": result.max_cost_usd, "datasets": datasets}
+               "max_cost_usd": result.max_cost_usd,
+               "sampling": {k: {"value": v, "from": w}
+                             for k, (v, w) in result.sampling_defaults.items()},
+               "datasets": datasets}
         sys.stdout.write(json.dumps(out, ensure_ascii=False, indent=1) + "\n")
     else:
         Printer(cfg, tokenizer, result, color=not args.no_color, full=args.full).print()
@@ -113,6 +119,7 @@ class Printer:
                 f"thinking {'on' if self.cfg.sampling.thinking else 'off'}, "
                 f"request dialect {r.dialect}; nothing is sent")
         c.print(f"  prices {self._prices()}")
+        c.print(f"  sampling {self._sampling()}")
         for d in r.datasets:
             self._dataset(d)
         total = r.total_cost()
@@ -140,6 +147,11 @@ class Printer:
             c.print(f"  cannot be read: {d.error}")
             return
         c.print(f"  format   {d.format}, turns = {d.turns}")
+        if d.sampling or d.n > 1:
+            mixes = "; ".join(f"{k} = {json.dumps(v)}" for k, v in d.sampling.items())
+            each = f"{d.n} samples per prompt (each its own request)" if d.n > 1 else ""
+            c.print(f"  sampling {'; '.join(x for x in (mixes, each) if x)} "
+                    "(drawn per task, recorded on each sample)")
         extra = "" if d.complete else (
             f" (first {d.rows_scanned} of ~{d.total_rows} rows; figures below are extrapolated)")
         c.print(f"  rows     {d.rows_scanned} read, {d.rows_readable} readable, "
@@ -191,6 +203,8 @@ class Printer:
             c.print(JSON(body, indent=2))
         else:
             c.print(body)
+        if s.sampling:
+            c.print(f"  sampling {_describe(s.sampling)}")
         n_answer = len(s.input_ids) - s.n_prompt
         what = ("the dataset's own answer stands in for the model's" if s.answer == "dataset"
                 else "the model's answer goes here")
@@ -255,6 +269,13 @@ class Printer:
         return "│".join(plain)
 
     # -- helpers --------------------------------------------------------------------------
+    def _sampling(self) -> str:
+        """The run-wide temperature / top_p a silent dataset gets, and where each is from."""
+        parts = []
+        for key, (value, origin) in self.result.sampling_defaults.items():
+            parts.append(f"{key} {value if value is not None else 'unset'} ({origin})")
+        return ", ".join(parts) + "; recorded on every sample"
+
     def _prices(self) -> str:
         p = self.result.prices
         if not p.known:
@@ -271,6 +292,19 @@ class Printer:
         from rich.text import Text
 
         return Text(text, style="bold yellow") if self.styled else text
+
+
+def _describe(record: dict) -> str:
+    """A sample's sampling record in words: each value and where it came from."""
+    card, drawn = set(record.get("model_card") or ()), set(record.get("drawn") or ())
+
+    def origin(key: str) -> str:
+        return " (model card)" if key in card else " (drawn)" if key in drawn else ""
+
+    parts = [f"{k} {record[k]}{origin(k)}" for k in ("temperature", "top_p")
+             if record.get(k) is not None]
+    parts.append(f"thinking {'on' if record.get('thinking') else 'off'}{origin('reasoning')}")
+    return ", ".join(parts)
 
 
 def _token_texts(tok, ids: list[int]) -> list[str]:

@@ -79,6 +79,9 @@ class ProviderPolicy:
             only = only or [s.lower() for s in provider["order"]]
         self.only = only
         self.quantizations = {q.lower() for q in provider.get("quantizations") or []}
+        mp = provider.get("max_price") if isinstance(provider.get("max_price"), dict) else {}
+        # USD per token, as the endpoint list gives prices (max_price is per million)
+        self.max_price = {k: float(mp[k]) / 1e6 for k in ("prompt", "completion") if k in mp}
         self.endpoints = list(endpoints)
         # Providers taken out during the run (quality policing, `specgen provider
         # --exclude`): name as given -> {"by", "reason", "at", ...}; added to `ignore`.
@@ -86,7 +89,8 @@ class ProviderPolicy:
 
     @property
     def active(self) -> bool:
-        return bool(self.ignore or self.only or self.quantizations or self.excluded)
+        return bool(self.ignore or self.only or self.quantizations or self.excluded
+                    or self.max_price)
 
     # -- exclusions ---------------------------------------------------------------------------
     def exclude(self, name: str, info: dict[str, Any]) -> None:
@@ -168,7 +172,17 @@ class ProviderPolicy:
             return False
         if self.only and not any(self._slug_matches(s, ep) for s in self.only):
             return False
-        return not self.quantizations or ep.quantization in self.quantizations
+        if self.quantizations and ep.quantization not in self.quantizations:
+            return False
+        return self.within_price(ep)
+
+    def within_price(self, ep: Endpoint) -> bool:
+        """Whether the endpoint's listed prices are within `max_price` (unknown: yes)."""
+        for side, price in (("prompt", ep.prompt_price), ("completion", ep.completion_price)):
+            cap = self.max_price.get(side)
+            if cap is not None and price is not None and price > cap * (1 + 1e-9):
+                return False
+        return True
 
     def endpoints_of(self, provider: str) -> list[Endpoint]:
         key = _norm(provider)
@@ -209,6 +223,8 @@ class ProviderPolicy:
                 return None
             if all(any(self._slug_matches(s, ep) for s in self.ignore) for ep in candidates):
                 return "provider_ignored"
+            if not any(self.within_price(ep) for ep in candidates):
+                return "over_max_price"
             quants = sorted({ep.quantization for ep in candidates})
             return f"quantization:{'+'.join(quants)}"
         if self.quantizations and self.endpoints and "unknown" not in self.quantizations:

@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from ..config import RESULT_DATASET_KEYS, RunConfig
-from ..store import STORE_FILE, Store
+from ..sampling import defaults_on
+from ..store import STORE_FILE, Store, StoreError
 
 
 class IncompatibleRunError(RuntimeError):
@@ -35,7 +36,36 @@ def meta_for(cfg: RunConfig, *, tokenizer_fingerprint: str, shard: str) -> dict[
         "thinking": "1" if cfg.sampling.thinking else "0",
         "shard": shard,
         "heartbeat_interval": repr(cfg.engine.heartbeat_interval),
+        # model-card sampling defaults on ("model") or off ("off"; stores made before them)
+        "sampling_defaults": "model" if defaults_on(cfg) else "off",
     }
+
+
+def pin_sampling_defaults(store: Store, cfg: RunConfig) -> bool:
+    """A store whose work was made without the model-card sampling defaults (before they
+    existed, or with them off) keeps them off when the config does not say: its silent
+    temperature stays 1.0 and no top_p is added, so the run resumes as it was made. True
+    when it pinned them."""
+    if cfg.sampling.model_defaults is not None:
+        return False
+    if store.conn.execute("SELECT 1 FROM conversations LIMIT 1").fetchone() is None:
+        return False
+    if store.get_meta("sampling_defaults") not in (None, "off"):
+        return False
+    cfg.sampling.model_defaults = False
+    return True
+
+
+def pin_for_run_dir(cfg: RunConfig) -> bool:
+    """`pin_sampling_defaults` for the store of the config's run dir, if it has one (read
+    only; for preview and probe, which show what a resumed run would send)."""
+    if not (Path(cfg.run_dir) / STORE_FILE).exists():
+        return False
+    try:
+        with Store.open(cfg.run_dir) as store:
+            return pin_sampling_defaults(store, cfg)
+    except (sqlite3.Error, OSError, StoreError):
+        return False
 
 
 def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -49,8 +79,12 @@ def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 def _diff(old: dict[str, Any], new: dict[str, Any], label: str) -> list[str]:
     a, b = _flat(old), _flat(new)
-    return [f"{label}{k}: {a.get(k)!r} -> {b.get(k)!r}"
+    return [f"{label}{k}: {_shown(a.get(k))} -> {_shown(b.get(k))}"
             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _shown(value: Any) -> str:
+    return "unset" if value is None else repr(value)
 
 
 def problems(store: Store, cfg: RunConfig, *, tokenizer_fingerprint: str,

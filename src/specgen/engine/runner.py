@@ -35,7 +35,14 @@ from .budget import Budget, resolve_prices
 from .control import RunLock, clear_control
 from .outcome import EXIT_STOPPED, Outcome
 from .policy import ProviderPolicy, parse_endpoints
-from .resume import IncompatibleRunError, meta_for, move_aside, problems, refusal_message
+from .resume import (
+    IncompatibleRunError,
+    meta_for,
+    move_aside,
+    pin_sampling_defaults,
+    problems,
+    refusal_message,
+)
 from .scheduler import Engine
 from .shard import parse_shard
 from .stages import Stages, default_stages
@@ -154,6 +161,10 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
     fingerprint = tokenizer.fingerprint
     if (run_dir / STORE_FILE).exists():
         with Store.open(run_dir) as old:
+            if pin_sampling_defaults(old, cfg):
+                log.info("this run was made without model-card sampling defaults: it "
+                         "resumes that way (silent temperature 1.0, no top_p); set [sampling] "
+                         "model_defaults to decide")
             found = problems(old, cfg, tokenizer_fingerprint=fingerprint, shard=shard_s)
         if found and not opts.force_new:
             raise RunError(refusal_message(run_dir, found)) from IncompatibleRunError()
@@ -208,6 +219,7 @@ def _collector_tuned():
 async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, live,
                 ballast=None) -> Outcome:
     from ..client import ChatClient
+    from ..render import mode_renderers
 
     sim = None
     urls = None
@@ -236,6 +248,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                             "completion_price_per_m): the dollar cap uses the cost the API "
                             "reports, so it may be overshot by what is in flight")
             engine = Engine(cfg, store=store, reader=reader, client=client, renderer=renderer,
+                            renderer_for=mode_renderers(cfg, tokenizer, renderer),
                             stages=stages, policy=policy, budget=Budget(
                                 cfg.budget.max_cost_usd, prices),
                             session_id=session_id, shard=shard,

@@ -17,6 +17,7 @@ import os
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -36,6 +37,7 @@ from ..quality.witness import CountWitness, Verdict
 from ..render import Renderer, RenderError
 from ..render.serving import history_as_served, may_be_served_differently, reserialized_history
 from ..request import request_dialect, with_max_tokens
+from ..sampling import sample_settings
 from ..store import Store, encode_tool_matches, pack_ids, pack_json, unpack_json
 from .budget import Budget
 from .concurrency import AdaptiveLimit
@@ -87,12 +89,15 @@ class Engine:
         dialect_url: str | None = None,
         threaded_commits: bool = True,
         ballast=None,
+        renderer_for: Callable[[bool], Renderer] | None = None,
     ):
         self.cfg = cfg
         self.store = store
         self.reader = reader or store  # a second connection for reads during threaded commits
         self.client = client
         self.renderer = renderer
+        # the renderer of a thinking mode (a dataset's reasoning mix may turn it off or on)
+        self.renderer_for = renderer_for or (lambda _thinking: renderer)
         self.stages = stages
         self.policy = policy
         self.budget = budget
@@ -190,6 +195,8 @@ class Engine:
             ds.tasks = dict(task_counts.get(dcfg.name, {}))
             ds.convs_by_status = dict(conv_counts.get(dcfg.name, {}))
             ds.conversations = sum(ds.convs_by_status.values())
+            ds.prompts = (ds.conversations if dcfg.n == 1
+                          else store.prompts_admitted(dcfg.name))
             ds.stored_at_start = ds.conversations > 0
             s = spend.get(dcfg.name, {})
             self.budget.add_dataset(
@@ -356,17 +363,25 @@ class Engine:
                 or self.reader.has_conversation(ds.name, conv_id))
 
     def _new_conversation(self, ds: DsRun, conv: Conversation, row_index: int) -> None:
-        self._next_conv += 1
-        c = Conv(id=self._next_conv, ds=ds, conv=conv, row_index=row_index, status="pending")
-        self.writer.batch.conversations.append(
-            (c.id, ds.name, conv.id, row_index, "pending", None, pack_json(conv.to_json())))
-        self.writer.uncommitted_convs.add((ds.name, conv.id))
-        ds.conversations += 1
-        ds.admitted_session += 1
-        ds.conv_bump("pending")
-        ds.open += 1
-        self.open_convs += 1
-        self._advance(c)
+        """Admit a source row: its conversation, and with `n` > 1 its copies (sample k has id
+        `<id>#k` and meta `sample`), each a conversation of its own with its own draws."""
+        ds.prompts += 1
+        for k in range(ds.cfg.n):
+            copy = conv if k == 0 else Conversation(
+                id=f"{conv.id}#{k}", messages=conv.messages, tools=conv.tools,
+                meta={**conv.meta, "sample": k, "source_id": conv.id})
+            self._next_conv += 1
+            c = Conv(id=self._next_conv, ds=ds, conv=copy, row_index=row_index,
+                     status="pending")
+            self.writer.batch.conversations.append(
+                (c.id, ds.name, copy.id, row_index, "pending", None, pack_json(copy.to_json())))
+            self.writer.uncommitted_convs.add((ds.name, copy.id))
+            ds.conversations += 1
+            ds.admitted_session += 1
+            ds.conv_bump("pending")
+            ds.open += 1
+            self.open_convs += 1
+            self._advance(c)
 
     # ---------------------------------------------------------------------------------------
     # conversation progress
@@ -398,19 +413,23 @@ class Engine:
         else:
             task_id, attempts = None, 0
         try:
+            settings = sample_settings(self.cfg, c.ds.cfg, c.conv.id, step.turn,
+                                       sample=int(c.conv.meta.get("sample", 0)))
+            renderer = self.renderer_for(settings.thinking)
             # the history as the serving stack renders it (render.serving); the request body
             # still carries the messages as given: the server does this itself
             serving = self.cfg.target.serving
             served = history_as_served(step.messages, serving,
-                                       self.renderer.content_format(serving))
+                                       renderer.content_format(serving))
             history = step.messages if served is None else served
-            prompt_ids = array("I", self.renderer.prompt_ids(history, step.tools))
+            prompt_ids = array("I", renderer.prompt_ids(history, step.tools))
             if self.tokens_mode:  # the prompt travels as our ids: no template on the server
                 body = self.stages.build_token_request(self.cfg, c.ds.cfg, prompt_ids,
-                                                       self.renderer.stop_token_ids)
+                                                       renderer.stop_token_ids,
+                                                       settings=settings)
             else:
                 body = self.stages.build_request(self.cfg, c.ds.cfg, step,
-                                                 base_url=self.dialect_url)
+                                                 base_url=self.dialect_url, settings=settings)
         except (RenderError, ValueError, TypeError, KeyError) as exc:
             reason = f"render_error: {exc}" if isinstance(exc, RenderError) else f"request_error: {exc}"
             if task_id is None:
@@ -426,7 +445,8 @@ class Engine:
             c.ds.bump("pending")
         job = Job(task_id=task_id, conv=c, turn=step.turn, messages=list(history),
                   tools=step.tools, body=body, prompt_ids=prompt_ids, attempts=attempts,
-                  max_tokens=c.ds.max_tokens, tool_matches=step.tool_matches)
+                  max_tokens=c.ds.max_tokens, tool_matches=step.tool_matches,
+                  settings=settings, renderer=renderer)
         c.ds.ready.append(job)
 
     def _new_task_id(self) -> int:
@@ -842,21 +862,21 @@ class Engine:
             return
         try:
             if self.tokens_mode:
-                norm = self.stages.normalize_ids(resp, tools=job.tools, renderer=self.renderer,
+                norm = self.stages.normalize_ids(resp, tools=job.tools, renderer=job.renderer,
                                                  prompt_ids=job.prompt_ids,
                                                  on_length=ds.cfg.on_length)
             else:
-                norm = self.stages.normalize(resp, tools=job.tools, renderer=self.renderer,
+                norm = self.stages.normalize(resp, tools=job.tools, renderer=job.renderer,
                                              on_length=ds.cfg.on_length, messages=job.messages)
             message = norm.message
             if getattr(norm, "ids", None) is not None:
                 completion = norm.ids  # token-in: the sampled ids are the sample
             elif getattr(norm, "truncated", False) and self.stages.truncated_ids is not None:
                 # kept at max_tokens (on_length = "keep"): no stop token was sampled
-                completion = self.stages.truncated_ids(self.renderer, norm,
+                completion = self.stages.truncated_ids(job.renderer, norm,
                                                        context=job.messages, tools=job.tools)
             else:
-                completion = self.renderer.completion_ids(message, context=job.messages,
+                completion = job.renderer.completion_ids(message, context=job.messages,
                                                           tools=job.tools)
         except self.stages.quarantined as q:
             self._quarantine(job, resp, getattr(q, "reason", None) or str(q), common, pstats,
@@ -877,7 +897,7 @@ class Engine:
             resp.prompt_token_ids = list(job.prompt_ids)
             resp.completion_token_ids = completion
             verdict = Verdict("true_ids", "token-in")
-            if not getattr(norm, "truncated", False) and self.renderer.completion_ids(
+            if not getattr(norm, "truncated", False) and job.renderer.completion_ids(
                     message, context=job.messages, tools=job.tools) != completion:
                 repairs.append("flag:rerender_differs")
         else:
@@ -940,7 +960,8 @@ class Engine:
             pt, ct, details.get("reasoning_tokens") if isinstance(details, dict) else None,
             cost, orjson.dumps(repairs).decode(), latency, time.time(), count_check,
             encode_tool_matches(job.tool_matches),
-            resp.quantization or self.policy.declared_quantization(provider)))
+            resp.quantization or self.policy.declared_quantization(provider),
+            orjson.dumps(job.settings.to_json()).decode() if job.settings else None))
         self._task_row(job.task_id, job.conv, job.turn, "done", job.attempts, None)
         ds.bump("pending", -1)
         ds.bump("done")
@@ -965,15 +986,15 @@ class Engine:
                 return Verdict("unverified", "cut at max_tokens: counts not judged")
         else:
             def render(m):
-                return self.renderer.completion_ids(m, context=job.messages, tools=job.tools)
+                return job.renderer.completion_ids(m, context=job.messages, tools=job.tools)
 
             def rebuild(candidate):
                 try:
-                    m = self.stages.normalize(candidate, tools=job.tools, renderer=self.renderer,
+                    m = self.stages.normalize(candidate, tools=job.tools, renderer=job.renderer,
                                               on_length=job.ds.cfg.on_length,
                                               messages=job.messages).message
-                except (self.stages.quarantined, RenderError):
-                    return None
+                except Exception:  # noqa: BLE001 - quarantined, unrenderable or a normaliser
+                    return None  # bug: no candidate (the answer itself was normalised fine)
                 return m, render(m)
 
             def repair(target: int):
@@ -990,7 +1011,7 @@ class Engine:
         if candidates:  # a history a serving stack would render otherwise: not a plain prompt
             def prompt_fix(target: int):
                 fit = prompt_repair(candidates, target,
-                                    lambda msgs: self.renderer.prompt_ids(msgs, job.tools))
+                                    lambda msgs: job.renderer.prompt_ids(msgs, job.tools))
                 if fit is None:
                     return None
                 chosen.append(fit[2])
@@ -1023,12 +1044,12 @@ class Engine:
         if (args := reserialized_history(messages)) is not None:
             out.append(("history_reserialized", args))
         for stack in ("vllm", "sglang"):
-            served = history_as_served(messages, stack, self.renderer.content_format(stack))
+            served = history_as_served(messages, stack, job.renderer.content_format(stack))
             if served is not None:
                 out.append((f"history_served_{stack}", served))
         if not out:
             return []
-        text = self.renderer.render_text
+        text = job.renderer.render_text
         ours = text(messages, job.tools, add_generation_prompt=True)
         return [(n, m) for n, m in out
                 if text(m, job.tools, add_generation_prompt=True) != ours]

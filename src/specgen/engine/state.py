@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config import DatasetConfig
 from ..conversation import AssistantMessage, Conversation, Message, Tool
+from ..sampling import SampleSettings
 from .budget import Reservation
 
 
@@ -33,6 +34,7 @@ class DsRun:
     exhausted: bool = False
     state: str = "active"  # active | budget_reached | limit_reached | done | paused
     conversations: int = 0  # conversations admitted so far (store + session)
+    prompts: int = 0  # source rows admitted (each gives `n` conversations; `limit` counts these)
     tasks: dict[str, int] = field(default_factory=dict)  # task status -> count
     convs_by_status: dict[str, int] = field(default_factory=dict)
     ready: deque = field(default_factory=deque)
@@ -70,7 +72,7 @@ class DsRun:
 
     def limit_hit(self) -> bool:
         lim = self.cfg.limit
-        return lim is not None and self.conversations + self.rows_other_shard >= lim
+        return lim is not None and self.prompts + self.rows_other_shard >= lim
 
     def row(self) -> tuple:
         return (self.name, self.position, str(self.cfg.path), self.cfg.format, self.rows_read,
@@ -113,6 +115,8 @@ class Job:
     weight_before: float = 0.0  # in-flight weight when it was sent
     probe: bool = False  # sent to probe an endpoint that is down
     tool_matches: tuple[str, ...] = ()  # how the reused tool results in `messages` matched
+    settings: SampleSettings | None = None  # the sampling it is sent with (recorded on it)
+    renderer: Any = None  # the renderer of its thinking mode (prompt, answer, witness)
 
     @property
     def ds(self) -> DsRun:

@@ -117,6 +117,8 @@ def openai_row(conv: RegeneratedConversation) -> dict[str, Any]:
     row["quantizations"] = [s.quantization for s in conv.samples]
     # the last request holds every reused tool result of the conversation (planner)
     row["tool_matches"] = conv.samples[-1].tool_matches
+    if any(s.sampling for s in conv.samples):  # what each answer was sampled with
+        row["sampling"] = [s.sampling for s in conv.samples]
     return row
 
 

@@ -8,8 +8,10 @@ the completion. Our rebuilt ids then only measure reconstruction (`specgen verif
 Every row also carries the provider's witness: its usage counts, the sample's `count_check`
 ("true_ids" whenever the exported ids are the backend's) and the repairs applied; and
 `tool_matches`: how each recorded tool result in its prompt was matched to the model's call
-(`exact`, `name`, `position`; empty when the prompt reuses none); and who served it:
-`provider`, `model` and `quantization`.
+(`exact`, `name`, `position`; empty when the prompt reuses none); who served it: `provider`,
+`model` and `quantization`; and `sampling`: what the sample was drawn with (a JSON object:
+temperature, top_p, reasoning, thinking, its index among the dataset's `n` samples of the
+prompt; a list for a merged row; null for samples stored before the record).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class TokenSample:
     repairs: list[str] = field(default_factory=list)
     tool_matches: list[str] = field(default_factory=list)
     quantization: str | None = None
+    # the sampling of each sample in the row (specgen.sampling; None: stored before the record)
+    sampling: list[dict | None] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -94,6 +98,7 @@ class TokenSample:
             usage_prompt_tokens=r.prompt_tokens, usage_completion_tokens=r.completion_tokens,
             count_check=exported_count_check(r), repairs=list(r.repairs),
             tool_matches=list(r.tool_matches), quantization=r.quantization,
+            sampling=[r.sampling],
         )
 
 
@@ -132,6 +137,7 @@ def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
                 repairs=[*prev.repairs, *(x for x in s.repairs if x not in prev.repairs)],
                 tool_matches=s.tool_matches,  # its prompt extends prev's: holds its results
                 quantization=_join(prev.quantization, s.quantization),
+                sampling=[*prev.sampling, *s.sampling],
             )
         else:
             out.append(s)
@@ -176,10 +182,21 @@ def token_row(s: TokenSample, *, merged: bool) -> dict:
         "usage_completion_tokens": s.usage_completion_tokens,
         "count_check": s.count_check, "repairs": s.repairs, "tool_matches": s.tool_matches,
         "quantization": s.quantization,
+        "sampling": sampling_text(s.sampling, merged=merged),
     }
     if merged:
         row["merged_turns"] = s.turns
     return row
+
+
+def sampling_text(records: list[dict | None], *, merged: bool) -> str | None:
+    """The `sampling` column: the sample's record as JSON (a merged row: the list, one per
+    merged turn); null when none was recorded (samples stored before the record)."""
+    if not any(records):
+        return None
+    import orjson
+
+    return orjson.dumps(records if merged else records[0]).decode()
 
 
 def parquet_schema(*, merged: bool):
@@ -196,6 +213,7 @@ def parquet_schema(*, merged: bool):
         ("usage_prompt_tokens", pa.int64()), ("usage_completion_tokens", pa.int64()),
         ("count_check", pa.string()), ("repairs", pa.list_(pa.string())),
         ("tool_matches", pa.list_(pa.string())), ("quantization", pa.string()),
+        ("sampling", pa.string()),
     ]
     if merged:
         fields.append(("merged_turns", pa.list_(pa.int32())))

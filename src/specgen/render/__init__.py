@@ -8,7 +8,7 @@ from __future__ import annotations
 from .base import NotPrefixExtendingError, Renderer, RenderError, Sample
 
 __all__ = ["NotPrefixExtendingError", "Renderer", "RenderError", "Sample", "get_renderer",
-           "target_renderer", "template_switches", "RENDERERS"]
+           "mode_renderers", "target_renderer", "template_switches", "RENDERERS"]
 
 # Names a chat template may not take as a switch: the server sets them itself.
 RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
@@ -71,3 +71,20 @@ def target_renderer(cfg, tokenizer) -> Renderer:
     return get_renderer(cfg.target.renderer, tokenizer, thinking=thinking,
                         chat_template_kwargs=template_switches(
                             thinking, cfg.target.chat_template_kwargs))
+
+
+def mode_renderers(cfg, tokenizer, renderer: Renderer):
+    """thinking -> the target's renderer in that mode: `renderer` (the run's, for its own
+    mode), the other built once when a dataset's reasoning mix asks for it."""
+    cache = {renderer.thinking: renderer}
+
+    def renderer_for(thinking: bool) -> Renderer:
+        found = cache.get(thinking)
+        if found is None:
+            found = cache[thinking] = get_renderer(
+                cfg.target.renderer, tokenizer, thinking=thinking,
+                chat_template_kwargs=template_switches(thinking,
+                                                       cfg.target.chat_template_kwargs))
+        return found
+
+    return renderer_for

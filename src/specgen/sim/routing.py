@@ -69,6 +69,15 @@ def parse_preferences(obj: Any) -> dict[str, Any]:
         ):
             raise BadRequest("provider.max_price: expected an object of numbers "
                              "(USD per million tokens)")
+    for key in ("preferred_min_throughput", "preferred_max_latency"):
+        value = obj.get(key)
+        if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+            continue
+        if not isinstance(value, dict) or not all(
+                k in ("p50", "p75", "p90", "p99") and isinstance(v, int | float)
+                and not isinstance(v, bool) for k, v in value.items()):
+            raise BadRequest(f"{key}: expected a number or an object of percentiles "
+                             "(p50, p75, p90, p99)")
     out = dict(obj)
     out["sort"] = sort
     return out
@@ -100,6 +109,7 @@ def route(providers: Sequence[ProviderConfig], model: str, prefs: dict[str, Any]
     ordered = _order(left, (prefs.get("sort") if prefs else None) or sort, rng)
     if not prefs:
         return ordered
+    ordered = _preferred_first(ordered, prefs)
     allow_fallbacks = prefs.get("allow_fallbacks")
     allow_fallbacks = True if allow_fallbacks is None else allow_fallbacks
     order = prefs.get("order") or []
@@ -145,6 +155,29 @@ def _filter(left: list[ProviderConfig], prefs: dict[str, Any], params: set[str]
     if prefs.get("require_parameters"):
         left = [p for p in left if params <= set(p.supported_parameters)]
     return left
+
+
+def _threshold(value: Any) -> float | None:
+    """A preference's figure: the number, or a percentile object's tightest value (the sim
+    has one figure per endpoint, not a distribution)."""
+    if isinstance(value, dict):
+        return min(value.values()) if value else None
+    return value
+
+
+def _preferred_first(ps: list[ProviderConfig], prefs: dict[str, Any]) -> list[ProviderConfig]:
+    """`preferred_min_throughput` / `preferred_max_latency` are preferences, not filters:
+    endpoints that miss them go after those that meet them (order otherwise kept)."""
+    tps = _threshold(prefs.get("preferred_min_throughput"))
+    lat = _threshold(prefs.get("preferred_max_latency"))
+    if tps is None and lat is None:
+        return ps
+
+    def meets(p: ProviderConfig) -> bool:
+        speed = p.tokens_per_second or float("inf")
+        return (tps is None or speed >= tps) and (lat is None or p.latency_s <= lat)
+
+    return [p for p in ps if meets(p)] + [p for p in ps if not meets(p)]
 
 
 def _order(ps: list[ProviderConfig], sort: str | None, rng: random.Random) -> list[ProviderConfig]:
