@@ -11,7 +11,7 @@ compare specgen with it are differential:
   that is plain `json.dumps` (non-ASCII kept, no HTML escaping), `raise_exception`;
 * K2.5: tools are deep-sorted by key, written by the official `tool_declaration_ts.py` (loaded
   by path) and passed as `tools_ts_str`; when that raises, the template writes JSON itself;
-* encoding: the text is cut into 400,000-character windows and, inside each, at every run of
+* encoding (the walk of tests/test_tokenizer_long_runs.py): 400,000-character windows and, inside each, a cut at every run of
   more than 25,000 whitespace or non-whitespace characters; each piece is BPE-encoded with all
   special tokens allowed.
 """
@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-WINDOW = 400_000
-RUN = 25_000
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
 
@@ -113,30 +111,13 @@ class OfficialKimi:
                                     add_generation_prompt=add_generation_prompt, **variables)
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = []
-        for w in range(0, len(text), WINDOW):
-            for piece in runs_cut(text[w:w + WINDOW]):
-                ids.extend(self.enc.encode(piece, allowed_special="all"))
-        return ids
+        from test_tokenizer_long_runs import walk  # the rule, walked literally
+
+        return [i for piece in walk(text) for i in self.enc.encode(piece, allowed_special="all")]
 
     def ids(self, messages, tools=None, *, add_generation_prompt: bool, **kwargs) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt=add_generation_prompt,
                                        **kwargs))
-
-
-def runs_cut(s: str) -> list[str]:
-    """Cut before the character that would make a same-class run longer than RUN."""
-    pieces, start, run, space = [], 0, 0, s[:1].isspace()
-    for i, ch in enumerate(s):
-        if ch.isspace() != space:
-            space, run = ch.isspace(), 1
-            continue
-        run += 1
-        if run > RUN:
-            pieces.append(s[start:i])
-            start, run = i, 1
-    pieces.append(s[start:])
-    return [p for p in pieces if p]
 
 
 # The Kimi pre-tokenizer pattern, as given in ../shared/reference/kimi-k2-format.md.
