@@ -236,12 +236,26 @@ class StreamParser:
             raise _invalid(f"stream event longer than {MAX_LINE} bytes")
         frames = self._frames
         prev = self._prev
+        top = self._top()
         for ev in events:
             if ev == prev and ev[:1] == b"d":
                 if self._dups is None:
                     self._dups = []
                 self._dups.append((len(self._content), len(self._reasoning)))
             prev = ev
+            if top is not None and ev.startswith(top[0]) and ev.endswith(top[1]):
+                # the newest frame, inlined (Frame.match of a one-slot frame)
+                end = len(ev) - top[3]
+                if end >= top[2] + 2:
+                    try:
+                        text = _loads(ev[top[2]:end])
+                    except _JSONDecodeError:
+                        pass
+                    else:
+                        if text:
+                            top[4].append(text)
+                        self.events += 1
+                        continue
             if frames:
                 for frame in frames:
                     hit = frame.match(ev)
@@ -274,7 +288,17 @@ class StreamParser:
                 self._full(payload, ev if simple else None)
                 if self.done:
                     break
+                top = self._top()
         self._prev = prev
+
+    def _top(self) -> tuple[bytes, bytes, int, int, list[str]] | None:
+        """(prefix, suffix, slot start, suffix length - 1, text list) of the newest frame when
+        it has one text slot only (the common case, matched inline by `feed`)."""
+        frames = self._frames
+        if not frames or not frames[0].simple:
+            return None
+        f = frames[0]
+        return f.prefix, f.suffix, f._lp - 1, f._ls - 1, f.into  # type: ignore[return-value]
 
     def _full(self, payload: bytes, event: bytes | None) -> None:
         """Decode and apply one payload; learn a frame from it when it is a plain token chunk
