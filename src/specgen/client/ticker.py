@@ -8,11 +8,13 @@ block and is parsed together.
 
 Two ways to read a held connection, chosen per transport:
 
-* **direct** (the standard asyncio loop, plain or TLS): the socket transport stays paused and
-  the tick calls its own read step, so holding costs no selector change at all. A connection
-  that brought nothing for `handoff` seconds goes back to the loop's watch until its next
-  bytes (an answer still queued at the provider costs no polling);
-* **resume** (uvloop, other transports): paused when bytes arrive, resumed at the next tick.
+* **direct**: the transport stays paused and the tick reads it: on the standard asyncio loop
+  (plain or TLS) through the socket transport's own read step, on another loop's plain TCP
+  transport (uvloop) from the socket itself, so holding costs no selector change at all. A
+  connection that brought nothing for `handoff` seconds goes back to the loop's watch until
+  its next bytes (an answer still queued at the provider costs no polling);
+* **resume** (TLS on other loops, anything else): paused when bytes arrive, resumed at the
+  next tick.
 
 Timeouts keep working: bytes still stamp the request's deadline when they are read, so an idle
 or total timeout fires at most one tick late.
@@ -21,7 +23,9 @@ or total timeout fires at most one tick late.
 from __future__ import annotations
 
 import asyncio
+import os
 from asyncio import selector_events
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,8 +35,9 @@ READ_SIZE = 64 * 1024  # bytes per direct read; a full read is followed by anoth
 _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", None)
 
 
-def reader_of(transport: asyncio.BaseTransport) -> tuple[Any, Any]:
-    """(the transport to pause, its read step for direct reads or None)."""
+def reader_of(conn: H1Connection) -> tuple[Any, Any]:
+    """(the transport to pause, the direct read step or None for pause/resume)."""
+    transport: Any = conn.transport
     inner: Any = transport
     ssl_proto = getattr(transport, "_ssl_protocol", None)
     if ssl_proto is not None:  # asyncio's TLS: read the socket transport under it
@@ -41,11 +46,34 @@ def reader_of(transport: asyncio.BaseTransport) -> tuple[Any, Any]:
             return transport, None
     read = getattr(inner, "_read_ready", None)
     if read is not None and _SOCKET_TRANSPORT is not None and isinstance(inner, _SOCKET_TRANSPORT):
-        # asyncio reads up to 256 KiB at a time: an allocation that large is an mmap and a
-        # munmap per read (~14 us); a tick's bytes of one stream fit in far less
+        # asyncio reads up to 256 KiB at a time: an allocation that large can be an mmap and
+        # a munmap per read (~14 us); a tick's bytes of one stream fit in far less
         inner.max_size = READ_SIZE
         return inner, read
+    sock = transport.get_extra_info("socket")
+    if ssl_proto is None and transport.get_extra_info("sslcontext") is None \
+            and sock is not None:  # another loop's plain TCP (uvloop): read the socket itself
+        return transport, _fd_read(conn, sock.fileno())
     return transport, None
+
+
+def _fd_read(conn: H1Connection, fd: int) -> Callable[[], None]:
+    """A read step for a paused plain-TCP transport of another loop: bytes go to the
+    protocol as its transport would pass them; at EOF or an error the transport reads
+    again itself (and reports it)."""
+    def read() -> None:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            conn.data_received(data)
+        elif conn.ticker is not None:
+            conn.read_step = None  # this connection: pause/resume from now on
+            conn.ticker.release(conn)
+    return read
 
 
 class ReadTicker:
@@ -67,7 +95,7 @@ class ReadTicker:
         if conn.held or conn.closed or conn.transport is None:
             return
         if conn.reader is None:
-            conn.reader, conn.read_step = reader_of(conn.transport)
+            conn.reader, conn.read_step = reader_of(conn)
         conn.held = True
         conn.empty_ticks = 0
         conn.reader.pause_reading()
