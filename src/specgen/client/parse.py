@@ -190,7 +190,7 @@ class StreamParser:
         "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
-        "_frames", "_learns", "stop_reason", "_prev", "_dups",
+        "_frames", "_learns", "stop_reason", "_prev", "_dups", "_topc",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -217,6 +217,7 @@ class StreamParser:
         self.done = False  # saw [DONE]
         self.events = 0  # JSON chunks seen
         self._frames: list[_frames.Frame] = []
+        self._topc: tuple[bytes, bytes, int, int, list[str]] | None = None
         self._learns = 0
         self.stop_reason: Any = None  # vLLM completions: the matched stop id or string
         self._prev = b""  # the last event's bytes
@@ -236,7 +237,7 @@ class StreamParser:
             raise _invalid(f"stream event longer than {MAX_LINE} bytes")
         frames = self._frames
         prev = self._prev
-        top = self._top()
+        top = self._topc
         for ev in events:
             if ev == prev and ev[:1] == b"d":
                 if self._dups is None:
@@ -288,17 +289,8 @@ class StreamParser:
                 self._full(payload, ev if simple else None)
                 if self.done:
                     break
-                top = self._top()
+                top = self._topc
         self._prev = prev
-
-    def _top(self) -> tuple[bytes, bytes, int, int, list[str]] | None:
-        """(prefix, suffix, slot start, suffix length - 1, text list) of the newest frame when
-        it has one text slot only (the common case, matched inline by `feed`)."""
-        frames = self._frames
-        if not frames or not frames[0].simple:
-            return None
-        f = frames[0]
-        return f.prefix, f.suffix, f._lp - 1, f._ls - 1, f.into  # type: ignore[return-value]
 
     def _full(self, payload: bytes, event: bytes | None) -> None:
         """Decode and apply one payload; learn a frame from it when it is a plain token chunk
@@ -317,6 +309,10 @@ class StreamParser:
                 self._learns += 1
                 self._frames.insert(0, frame)
                 del self._frames[self.MAX_FRAMES:]
+                # the newest frame when it has one text slot, matched inline by `feed`:
+                # (prefix, suffix, slot start, suffix length - 1, its text list)
+                self._topc = (frame.prefix, frame.suffix, frame._lp - 1, frame._ls - 1,
+                              frame.into) if frame.simple else None
 
     def _add_ids(self, ids: list[Any]) -> bool:
         """Append a frame's token ids; False (nothing changed) when they are not valid ids."""
