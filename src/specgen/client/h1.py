@@ -92,16 +92,15 @@ def parse_head(raw: bytes) -> Response:
     return Response(status, headers, chunked, length, keep_alive)
 
 
-_HEX = b"0123456789abcdefABCDEF"
-
-
 def _chunk_size(line: bytes) -> int:
-    """The size on a chunk-size line that is not bare hex digits (extensions after `;`
-    ignored, blanks around the size allowed)."""
-    size = line.split(b";", 1)[0].strip(b" \t")
-    if not size or size.translate(None, _HEX):
-        raise HttpProtocolError(f"bad chunk size {line[:40]!r}")
-    return int(size, 16)
+    """The size on a chunk-size line (extensions after `;` ignored)."""
+    size = line if line.isalnum() else line.split(b";", 1)[0].strip(b" \t")
+    if size.isalnum() and size[1:2] not in (b"x", b"X"):  # int() refuses letters past f
+        try:
+            return int(size, 16)
+        except ValueError:
+            pass
+    raise HttpProtocolError(f"bad chunk size {line[:40]!r}")
 
 
 class Dechunker:
@@ -149,7 +148,7 @@ class Dechunker:
                 pos = nl + 2
                 continue
             line = buf[pos:nl]
-            n = _chunk_size(line) if line.translate(None, _HEX) or not line else int(line, 16)
+            n = _chunk_size(line)
             if n == 0:
                 self._trailers = True
                 pos = nl + 2
@@ -263,6 +262,11 @@ class H1Connection(asyncio.Protocol):
         self.body_cap = cap
         if self.body_size > cap:
             self._over_cap()
+
+    def fail(self, exc: BaseException) -> None:
+        """A read error: the request fails with it and the connection is dropped."""
+        self._fail(exc)
+        self.abort()
 
     def abort(self) -> None:
         """Drop the connection (a response not read to its end cannot be reused)."""

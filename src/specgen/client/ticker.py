@@ -8,13 +8,13 @@ block and is parsed together.
 
 Two ways to read a held connection, chosen per transport:
 
-* **direct**: the transport stays paused and the tick reads it: on the standard asyncio loop
-  (plain or TLS) through the socket transport's own read step, on another loop's plain TCP
-  transport (uvloop) from the socket itself, so holding costs no selector change at all. A
+* **direct**: the transport stays paused and the tick reads it: plain TCP (asyncio or uvloop)
+  from the socket itself, asyncio's TLS through the socket transport's own read step (the
+  bytes then go through the TLS layer as usual); holding costs no selector change at all. A
   connection that brought nothing for `handoff` seconds goes back to the loop's watch until
   its next bytes (an answer still queued at the provider costs no polling);
-* **resume** (TLS on other loops, anything else): paused when bytes arrive, resumed at the
-  next tick.
+* **resume** (TLS on uvloop, anything else): paused when bytes arrive, resumed at the next
+  tick.
 
 Timeouts keep working: bytes still stamp the request's deadline when they are read, so an idle
 or total timeout fires at most one tick late.
@@ -38,40 +38,38 @@ _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", No
 def reader_of(conn: H1Connection) -> tuple[Any, Any]:
     """(the transport to pause, the direct read step or None for pause/resume)."""
     transport: Any = conn.transport
-    inner: Any = transport
     ssl_proto = getattr(transport, "_ssl_protocol", None)
-    if ssl_proto is not None:  # asyncio's TLS: read the socket transport under it
-        inner = getattr(ssl_proto, "_transport", None)
-        if inner is None:
-            return transport, None
+    if ssl_proto is None and transport.get_extra_info("sslcontext") is None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # plain TCP on any loop: the tick reads the paused socket
+            return transport, _fd_read(conn, sock.fileno())
+        return transport, None
+    inner = getattr(ssl_proto, "_transport", None)  # asyncio's TLS: the socket transport
     read = getattr(inner, "_read_ready", None)
     if read is not None and _SOCKET_TRANSPORT is not None and isinstance(inner, _SOCKET_TRANSPORT):
         # asyncio reads up to 256 KiB at a time: an allocation that large can be an mmap and
         # a munmap per read (~14 us); a tick's bytes of one stream fit in far less
         inner.max_size = READ_SIZE
         return inner, read
-    sock = transport.get_extra_info("socket")
-    if ssl_proto is None and transport.get_extra_info("sslcontext") is None \
-            and sock is not None:  # another loop's plain TCP (uvloop): read the socket itself
-        return transport, _fd_read(conn, sock.fileno())
-    return transport, None
+    return transport, None  # TLS on another loop: pause/resume
 
 
 def _fd_read(conn: H1Connection, fd: int) -> Callable[[], None]:
-    """A read step for a paused plain-TCP transport of another loop: bytes go to the
-    protocol as its transport would pass them; at EOF or an error the transport reads
-    again itself (and reports it)."""
+    """A read step for a paused plain-TCP transport: bytes go to the protocol as its
+    transport would pass them; an error fails the request as the transport would; at EOF the
+    transport reads again itself (and reports the end)."""
     def read() -> None:
         try:
             data = os.read(fd, READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            data = b""
+        except OSError as exc:
+            conn.fail(exc)
+            return
         if data:
             conn.data_received(data)
         elif conn.ticker is not None:
-            conn.read_step = None  # this connection: pause/resume from now on
+            conn.read_step = None  # pause/resume from now on: the loop sees the EOF
             conn.ticker.release(conn)
     return read
 
