@@ -92,10 +92,13 @@ def parse_head(raw: bytes) -> Response:
     return Response(status, headers, chunked, length, keep_alive)
 
 
+_X = (b"x", b"X")  # a size with a 0x prefix is not HTTP
+
+
 def _chunk_size(line: bytes) -> int:
     """The size on a chunk-size line (extensions after `;` ignored)."""
     size = line if line.isalnum() else line.split(b";", 1)[0].strip(b" \t")
-    if size.isalnum() and size[1:2] not in (b"x", b"X"):  # int() refuses letters past f
+    if size.isalnum() and size[1:2] not in _X:  # int() refuses letters past f
         try:
             return int(size, 16)
         except ValueError:
@@ -148,7 +151,13 @@ class Dechunker:
                 pos = nl + 2
                 continue
             line = buf[pos:nl]
-            n = _chunk_size(line)
+            if line.isalnum() and line[1:2] not in _X:  # bare hex digits (int() refuses g-z)
+                try:
+                    n = int(line, 16)
+                except ValueError:
+                    n = _chunk_size(line)
+            else:
+                n = _chunk_size(line)
             if n == 0:
                 self._trailers = True
                 pos = nl + 2
