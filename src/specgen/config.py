@@ -88,7 +88,7 @@ class EndpointConfig:
     outage_probe_max: float = 30.0
     # Streams are read in batches, every connection once per tick (milliseconds; 0 = off:
     # every read as it lands, through aiohttp). See docs/client.md, "Batched stream reads".
-    stream_tick_ms: float = 100.0
+    stream_tick_ms: float = 200.0
 
     @property
     def is_sim(self) -> bool:

@@ -132,7 +132,7 @@ class ChatClient:
         max_cooldown: float = 60.0,
         max_body_bytes: int = MAX_BODY,
         trust_env: bool = False,
-        stream_tick: float | None = 0.1,
+        stream_tick: float | None = 0.2,
     ):
         self._balancer = Balancer(
             [base_url] if isinstance(base_url, str) else list(base_url),
