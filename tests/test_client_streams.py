@@ -238,3 +238,68 @@ def test_tick_off_and_aiohttp_only_settings_use_aiohttp() -> None:
             assert client._pool is not None and client.stream_tick == 0.2
 
     run_on("asyncio", main)
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 (skipped without the openssl tool)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"),
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return d / "cert.pem", d / "key.pem"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_batched_reads_over_tls(loop: str, tls_files, monkeypatch) -> None:
+    import ssl
+
+    from specgen.client.pool import H1Pool
+
+    cert, key = tls_files
+    trusted = ssl.create_default_context(cafile=str(cert))
+    monkeypatch.setattr(H1Pool, "_ssl_context", lambda self: trusted)
+    pieces = one_per_write(*[chunk(content=t) for t in TOKENS], FINISH, USAGE, "[DONE]")
+
+    async def main() -> None:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(str(cert), str(key))
+        handler = stream_handler(pieces, pause=0.003)
+
+        async def route(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            return await handler(request, None)
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", route)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        feeds = 0
+        feed = parse_mod.StreamParser.feed
+
+        def counting(self: parse_mod.StreamParser, block: bytes) -> None:
+            nonlocal feeds
+            feeds += 1
+            feed(self, block)
+
+        monkeypatch.setattr(parse_mod.StreamParser, "feed", counting)
+        try:
+            async with ChatClient(f"https://127.0.0.1:{port}/v1", stream_tick=0.05) as client:
+                first = await client.chat({**BODY, "stream": True})
+                second = await client.chat({**BODY, "stream": True})
+        finally:
+            await runner.cleanup()
+        assert first.content == second.content == "".join(TOKENS)
+        assert feeds * 3 < 2 * len(pieces), feeds  # read in batches through TLS too
+        assert first.usage == USAGE["usage"] and first.finish_reason == "stop"
+
+    run_on(loop, main)
