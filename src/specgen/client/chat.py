@@ -1,8 +1,9 @@
-"""`ChatClient`: one shared aiohttp session for thousands of concurrent chat requests.
+"""`ChatClient`: thousands of concurrent chat requests, non-streamed over one shared aiohttp
+session, streamed over keep-alive connections read in batches (`h1.py`, `ticker.py`).
 
-The hot path is kept small: the body is encoded once with orjson, the stream is read in whole
-socket buffers (`readany`) and split into lines with bytes methods, only `data:` lines are
-parsed, and timeouts cost one lazy timer per request (see `deadline.py`).
+The hot path is kept small: the body is encoded once with orjson, a stream is read in whole
+socket buffers (one read per tick when batched) and split into events with bytes methods, only
+`data:` lines are parsed, and timeouts cost one lazy timer per request (see `deadline.py`).
 """
 
 from __future__ import annotations
