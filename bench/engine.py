@@ -164,7 +164,7 @@ async def openai_loop(url: str, n: int, conc: int, stream: bool, seconds: float)
 
 
 def specgen_run(url: str, n: int, conc: int, stream: bool, data: Path, workdir: Path,
-                commit_thread: bool = True) -> dict:
+                commit_thread: bool = True, event_loop: str = "auto") -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     from specgen.config import load_config
     from specgen.engine.runner import RunOptions, run
@@ -187,6 +187,7 @@ max_tokens = 1024
 [engine]
 log_interval = 30
 commit_thread = {str(commit_thread).lower()}
+event_loop = "{event_loop}"
 [[dataset]]
 name = "bench"
 path = "{data}"
@@ -213,7 +214,7 @@ def child(args) -> None:
     else:
         out = specgen_run(args.url, args.requests, args.concurrency, args.stream,
                           Path(args.data), Path(args.workdir),
-                          commit_thread=not args.no_commit_thread)
+                          commit_thread=not args.no_commit_thread, event_loop=args.event_loop)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -226,6 +227,7 @@ def measure(mode: str, args, url: str, data: Path, workdir: Path, cpu: int | Non
         cmd.append("--stream")
     if args.no_commit_thread:
         cmd.append("--no-commit-thread")
+    cmd += ["--event-loop", args.event_loop]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, preexec_fn=pin(cpu),
                             env={**os.environ, "SPECGEN_BENCH_KEY": "bench"})
@@ -262,6 +264,8 @@ def main() -> None:
                     help="stop the openai loop after this long (it is slow)")
     ap.add_argument("--no-commit-thread", action="store_true",
                     help="commit on the event loop instead of a worker thread")
+    ap.add_argument("--event-loop", default="auto", choices=("auto", "asyncio", "uvloop"),
+                    help="[engine] event_loop of the specgen run (auto: uvloop if installed)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)

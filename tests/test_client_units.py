@@ -603,3 +603,65 @@ def test_a_frame_does_not_swallow_bad_ids_or_broken_strings():
     r = parse_stream(b"data: " + frame + b"\n\ndata: " + frame + b"\n\ndata: " + broken
                      + b"\n\n" + sse(STREAM[5]))
     assert r.content == "aaa" and r.reasoning == "b"
+
+
+# -- HTTP/1.1 framing of the batched stream reader (h1.py) ---------------------------------------
+
+def chunked(pieces: list[bytes], *, upper: bool = False, ext: bool = False,
+            trailer: bool = False) -> bytes:
+    out = b""
+    for p in pieces:
+        size = (b"%X" if upper else b"%x") % len(p)
+        out += size + (b";name=v" if ext else b"") + b"\r\n" + p + b"\r\n"
+    return out + b"0\r\n" + (b"X-Trailer: 1\r\n" if trailer else b"") + b"\r\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=40), max_size=12), st.booleans(), st.booleans(),
+       st.booleans(), st.lists(st.integers(min_value=1, max_value=500), max_size=10))
+def test_dechunker_any_split_gives_the_body(pieces, upper, ext, trailer, cuts):
+    from specgen.client.h1 import Dechunker
+
+    wire = chunked(pieces, upper=upper, ext=ext, trailer=trailer) + b"HTTP/1.1 next"
+    d, got, pos = Dechunker(), [], 0
+    for c in sorted(set(cuts)) + [len(wire)]:
+        if c <= pos:
+            continue
+        got += d.feed(wire[pos:c])
+        pos = c
+        if d.done:
+            break
+    assert b"".join(got) == b"".join(pieces) and d.done
+
+
+@pytest.mark.parametrize("wire", [
+    b"0x5\r\nhello\r\n", b"+5\r\nhello\r\n", b"5_0\r\n", b"zz\r\n", b"\r\n",
+    b"5\r\nhelloXY", b"3\r\nabc\n\n", b"1" * 5000,
+])
+def test_dechunker_refuses_broken_framing(wire):
+    from specgen.client.h1 import Dechunker, HttpProtocolError
+
+    with pytest.raises(HttpProtocolError):
+        Dechunker().feed(wire)
+
+
+def test_response_heads():
+    from specgen.client.h1 import HttpProtocolError, parse_head
+
+    r = parse_head(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+                   b"Transfer-Encoding: chunked\r\nX-Generation-Id: gen-9")
+    assert (r.status, r.chunked, r.keep_alive, r.content_type) == (200, True, True,
+                                                                   "text/event-stream")
+    assert r.headers["x-generation-id"] == "gen-9"
+    r = parse_head(b"HTTP/1.1 429 Too Many\r\nContent-Length: 12\r\nRetry-After: 3")
+    assert (r.length, r.keep_alive, r.headers["Retry-After"]) == (12, True, "3")
+    r = parse_head(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2")
+    assert not r.keep_alive
+    r = parse_head(b"HTTP/1.0 200 OK\r\nContent-Type: application/json")
+    assert r.length is None and not r.keep_alive  # read to the end of the connection
+    assert parse_head(b"HTTP/1.1 204 No Content").length == 0
+    for bad in (b"HTTP/2 200", b"SSH-2.0", b"HTTP/1.1 200 OK\r\nno colon",
+                b"HTTP/1.1 200 OK\r\n folded: x", b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n"
+                b"Content-Length: 2", b"HTTP/1.1 200 OK\r\nContent-Length: -1"):
+        with pytest.raises(HttpProtocolError):
+            parse_head(bad)

@@ -46,6 +46,7 @@ def test_minimal_config_defaults_and_paths(tmp_path):
     assert cfg.target.renderer == "kimi-k2.5"
     assert cfg.engine.drain_timeout == 60.0 and cfg.engine.commit_interval == 0.2
     assert cfg.endpoint.fetch_endpoints == "auto"
+    assert cfg.endpoint.stream_tick_ms == 200.0 and cfg.engine.event_loop == "auto"
     assert cfg.max_tokens_for(cfg.datasets[0]) == cfg.sampling.max_tokens
 
 
@@ -99,6 +100,8 @@ drain_timeout = 5
     (("[endpoint]\n", "[endpoint]\nprovider = {only = \"a\"}\n"), "must be a list of strings"),
     (("[[dataset]]", "[budget]\nmax_cost_usd = -1\n[[dataset]]"), "budget.max_cost_usd must be >= 0"),
     (("[[dataset]]", "[engine]\ncommit_interval = 0\n[[dataset]]"), "engine.commit_interval"),
+    (("[endpoint]\n", "[endpoint]\nstream_tick_ms = -1\n"), "endpoint.stream_tick_ms must be >= 0"),
+    (("[[dataset]]", "[engine]\nevent_loop = \"trio\"\n[[dataset]]"), "engine.event_loop"),
     (("model = ", "renderer = \"nope\"\nmodel = "), "target.renderer 'nope' is unknown"),
     (("name = \"a\"", "name = \"a\"\nturns = \"every\""), "'dataset[0].turns' must be one of"),
     (("name = \"a\"", "name = \"a\"\nweight = 0.0"), "weight must be > 0"),

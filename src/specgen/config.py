@@ -82,6 +82,9 @@ class EndpointConfig:
     accept_models: list[str] = field(default_factory=list)
     # While the endpoint is unreachable: the longest wait between probes, seconds.
     outage_probe_max: float = 30.0
+    # Streams are read in batches, every connection once per tick (milliseconds; 0 = off:
+    # every read as it lands, through aiohttp). See docs/client.md, "Batched stream reads".
+    stream_tick_ms: float = 200.0
 
     @property
     def is_sim(self) -> bool:
@@ -177,6 +180,8 @@ class EngineConfig:
     retry_after_cap: float = 300.0  # a Retry-After above this pauses the whole endpoint
     store_error_timeout: float = 600.0  # seconds answers are held while commits fail
     ballast_mb: float = 64.0  # MB reserved in the run dir at start, freed when the disk fills
+    # "auto": uvloop when installed (the `fast` extra), else asyncio's own loop
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
 
 
 @dataclass
@@ -782,6 +787,9 @@ def _validate_numbers(cfg: RunConfig, where: str) -> None:
     if not ep.outage_probe_max > 0:
         raise ConfigError(f"{where}: endpoint.outage_probe_max must be > 0 seconds, "
                           f"got {ep.outage_probe_max}")
+    if not ep.stream_tick_ms >= 0:
+        raise ConfigError(f"{where}: endpoint.stream_tick_ms must be >= 0 (0 = off), "
+                          f"got {ep.stream_tick_ms}")
     if not eng.ballast_mb >= 0:
         raise ConfigError(f"{where}: engine.ballast_mb must be >= 0 (0 = none), "
                           f"got {eng.ballast_mb}")

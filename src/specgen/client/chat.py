@@ -1,8 +1,9 @@
-"""`ChatClient`: one shared aiohttp session for thousands of concurrent chat requests.
+"""`ChatClient`: thousands of concurrent chat requests, non-streamed over one shared aiohttp
+session, streamed over keep-alive connections read in batches (`h1.py`, `ticker.py`).
 
-The hot path is kept small: the body is encoded once with orjson, the stream is read in whole
-socket buffers (`readany`) and split into lines with bytes methods, only `data:` lines are
-parsed, and timeouts cost one lazy timer per request (see `deadline.py`).
+The hot path is kept small: the body is encoded once with orjson, a stream is read in whole
+socket buffers (one read per tick when batched) and split into events with bytes methods, only
+`data:` lines are parsed, and timeouts cost one lazy timer per request (see `deadline.py`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from aiohttp.http import SERVER_SOFTWARE
 from yarl import URL
 
 from .balancer import Balancer
 from .deadline import Deadline
 from .errors import Redactor, describe_error, error_from_response, snippet
+from .h1 import HttpProtocolError
 from .parse import StreamParser, parse_completion
+from .pool import ConnectTimeout, H1Pool
+from .ticker import ReadTicker
 from .tokens import finish_token_answer, parse_token_completion, token_url
 from .types import ApiError, ChatResponse
 
@@ -40,7 +45,11 @@ def _check_headers(headers: Mapping[str, str]) -> dict[str, str]:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise ValueError(f"endpoint.headers: {name!r} must map to a string")
+        if any(c in name + value for c in "\r\n\0") or not name.strip() or ":" in name:
+            raise ValueError(f"endpoint.headers: {name!r} is not a valid header line")
         low = name.lower()
+        if low in ("content-length", "transfer-encoding", "connection"):
+            raise ValueError(f"endpoint.headers: {name} is set by the client, not the config")
         if low == "authorization":
             raise ValueError(
                 "endpoint.headers must not carry Authorization: put the key in the environment "
@@ -83,6 +92,19 @@ def raise_open_file_limit(wanted: int) -> int:
     return soft
 
 
+class _Attempt:
+    """What one request has got so far (the error handling reads it)."""
+
+    __slots__ = ("first_byte_at", "healthy", "parser", "result", "status")
+
+    def __init__(self) -> None:
+        self.first_byte_at: float | None = None
+        self.healthy: bool | None = None
+        self.parser: StreamParser | None = None
+        self.result: Any = None
+        self.status: int | None = None
+
+
 class ChatClient:
     """Async OpenAI-compatible `/chat/completions` client over several base URLs.
 
@@ -111,6 +133,7 @@ class ChatClient:
         max_cooldown: float = 60.0,
         max_body_bytes: int = MAX_BODY,
         trust_env: bool = False,
+        stream_tick: float | None = 0.2,
     ):
         self._balancer = Balancer(
             [base_url] if isinstance(base_url, str) else list(base_url),
@@ -140,6 +163,17 @@ class ChatClient:
         self._max_body = max_body_bytes
         self._trust_env = trust_env
         self._session: aiohttp.ClientSession | None = None
+        # Streams are read by the batched reader (h1.py, ticker.py) unless the tick is off or
+        # a setting only aiohttp supports is on (a connection cap, proxies from the env).
+        self.stream_tick = float(stream_tick or 0.0)
+        self._batched = self.stream_tick > 0 and not (trust_env or limit or limit_per_host)
+        self._pool: H1Pool | None = None
+        fixed = {"user-agent": ("User-Agent", SERVER_SOFTWARE),
+                 "accept-encoding": ("Accept-Encoding", "identity")}
+        fixed.update({k.lower(): (k, v) for k, v in self._headers.items()})
+        self._h1_host = fixed.pop("host", (None, None))[1]  # a configured Host wins
+        self._h1_headers = "".join(
+            f"{k}: {v}\r\n" for k, v in fixed.values()).encode("latin-1") + b"\r\n"
 
     @classmethod
     def from_config(
@@ -165,6 +199,7 @@ class ChatClient:
             idle_timeout=cfg.idle_timeout,
             total_timeout=cfg.total_timeout,
             concurrency=cfg.concurrency,
+            stream_tick=cfg.stream_tick_ms / 1000,
         )
         kwargs.update(overrides)
         return cls(urls, **kwargs)
@@ -196,9 +231,17 @@ class ChatClient:
                 trust_env=self._trust_env,
                 cookie_jar=aiohttp.DummyCookieJar(),
             )
+            if self._batched:
+                loop = asyncio.get_running_loop()
+                self._pool = H1Pool(loop, ReadTicker(loop, self.stream_tick),
+                                    connect_timeout=self.connect_timeout,
+                                    keepalive_timeout=self._keepalive)
         return self
 
     async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
@@ -260,53 +303,25 @@ class ChatClient:
         task = asyncio.current_task()
         assert task is not None
         started = time.time()
-        first_byte_at: float | None = None
-        first_token_at: float | None = None
         deadline = Deadline(loop, task, first_byte=self.first_byte_timeout,
                             idle=self.idle_timeout, total=self.total_timeout)
-        healthy: bool | None = None
-        parser: StreamParser | None = None
-        result: Any = None
-        status: int | None = None
+        att = _Attempt()
         try:
             try:
                 if token_api is not None:
                     url = URL(token_url(ep.url, token_api))
                 else:
                     url = ep.chat_url if path is None else ep.url_for(path)
-                async with session.request(method, url, data=payload,
-                                           allow_redirects=False) as resp:
-                    first_byte_at = time.time()
-                    deadline.got_headers()
-                    status = resp.status
-                    healthy = True
-                    if not 200 <= status < 300:
-                        body, truncated = await self._read(resp, deadline, ERROR_BODY_CAP, True)
-                        raise error_from_response(status, resp.headers, body,
-                                                  truncated=truncated)
-                    if path is not None:
-                        result = self._parse_json((await self._read(resp, deadline))[0])
-                    else:
-                        ctype = resp.content_type
-                        if ctype == "text/event-stream" or (stream and ctype != "application/json"):
-                            parser = StreamParser()
-                            first_token_at = await self._read_stream(resp, deadline, parser)
-                            result = parser.finish()
-                            if token_api is not None:
-                                result = finish_token_answer(result)
-                        elif token_api is not None:
-                            result = parse_token_completion(
-                                (await self._read(resp, deadline))[0], token_api)
-                        else:
-                            result = parse_completion((await self._read(resp, deadline))[0])
-                        result.http_status = status
-                        result.cache_status = resp.headers.get("X-OpenRouter-Cache-Status")
-                        if result.id is None:
-                            result.id = resp.headers.get("X-Generation-Id")
+                if stream and path is None and self._pool is not None:
+                    await self._exchange_h1(att, method, url, payload, token_api, deadline)
+                else:
+                    await self._exchange(session, att, method, url, payload, path, stream,
+                                         token_api, deadline)
             except asyncio.CancelledError:
                 if deadline.fired is None or task.uncancel() > 0:
                     raise  # cancelled from outside: not ours to turn into an error
-                if result is None:
+                parser = att.parser
+                if att.result is None:
                     if parser is not None and parser.failed:
                         raise parser.failure() from None
                     raise ApiError(
@@ -314,25 +329,28 @@ class ChatClient:
                         usage=parser.usage if parser is not None else None,
                     ) from None
                 # else: the answer was complete when the timer fired; keep it
-            except aiohttp.ConnectionTimeoutError:
-                healthy = False
+            except (aiohttp.ConnectionTimeoutError, ConnectTimeout):
+                att.healthy = False
                 raise ApiError(
                     "unreachable",
                     f"connect timeout: no connection within {self.connect_timeout:g} s",
                     timeout_phase="connect",
                 ) from None
-            except aiohttp.ClientResponseError as exc:  # the server spoke broken HTTP
+            except (aiohttp.ClientResponseError, HttpProtocolError) as exc:
+                # the server spoke broken HTTP
+                text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
                 raise ApiError(
                     "invalid_response",
-                    f"malformed HTTP response: {snippet(exc.message or type(exc).__name__)}",
+                    f"malformed HTTP response: {snippet(text or type(exc).__name__)}",
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
+                parser = att.parser
                 if parser is not None and parser.failed:
                     raise parser.failure() from None
-                healthy = False
+                att.healthy = False
                 # No response at all says nothing about the request: the path to the API is
                 # down (DNS, refused, TLS, a reset before the status line).
-                responded = first_byte_at is not None
+                responded = att.first_byte_at is not None
                 where = "while reading the response body" if responded else "before a response"
                 raise ApiError(
                     "connection" if responded else "unreachable",
@@ -345,10 +363,11 @@ class ChatClient:
             err.__cause__ = None
             err.base_url = ep.url
             if err.status is None:
-                err.status = status
+                err.status = att.status
             err.started_at = started
-            err.first_byte_at = first_byte_at
+            err.first_byte_at = att.first_byte_at
             err.ended_at = time.time()
+            parser = att.parser
             if parser is not None:
                 err.provider = err.provider or parser.provider
                 err.model = parser.model
@@ -359,17 +378,116 @@ class ChatClient:
             raise
         finally:
             deadline.cancel()
-            self._balancer.release(ep, healthy)
+            self._balancer.release(ep, att.healthy)
+        result = att.result
         if path is not None:
             return self._redact.obj(result)
         result.base_url = ep.url
         result.started_at = started
-        result.first_byte_at = first_byte_at
+        result.first_byte_at = att.first_byte_at
         result.ended_at = time.time()
-        result.first_token_at = first_token_at or result.ended_at
+        first = att.parser.first_output_at if att.parser is not None else None
+        result.first_token_at = first or result.ended_at
         if self.has_key:
             self._scrub(result)
         return result
+
+    async def _exchange(self, session: aiohttp.ClientSession, att: _Attempt, method: str,
+                        url: URL, payload: bytes | None, path: str | None, stream: bool,
+                        token_api: str | None, deadline: Deadline) -> None:
+        """One request through aiohttp (non-stream bodies, GETs, and streams when the batched
+        reader is off)."""
+        async with session.request(method, url, data=payload, allow_redirects=False) as resp:
+            att.first_byte_at = time.time()
+            deadline.got_headers()
+            status = att.status = resp.status
+            att.healthy = True
+            if not 200 <= status < 300:
+                body, truncated = await self._read(resp, deadline, ERROR_BODY_CAP, True)
+                raise error_from_response(status, resp.headers, body, truncated=truncated)
+            if path is not None:
+                att.result = self._parse_json((await self._read(resp, deadline))[0])
+                return
+            ctype = resp.content_type
+            if ctype == "text/event-stream" or (stream and ctype != "application/json"):
+                parser = att.parser = StreamParser()
+                await self._read_stream(resp, deadline, parser)
+                result = parser.finish()
+                if token_api is not None:
+                    result = finish_token_answer(result)
+            elif token_api is not None:
+                result = parse_token_completion(
+                    (await self._read(resp, deadline))[0], token_api)
+            else:
+                result = parse_completion((await self._read(resp, deadline))[0])
+            result.http_status = status
+            result.cache_status = resp.headers.get("X-OpenRouter-Cache-Status")
+            if result.id is None:
+                result.id = resp.headers.get("X-Generation-Id")
+            att.result = result
+
+    async def _exchange_h1(self, att: _Attempt, method: str, url: URL, payload: bytes | None,
+                           token_api: str | None, deadline: Deadline) -> None:
+        """One streamed request on the batched reader (`h1.py`): SSE events are parsed as
+        the ticker reads them; this task wakes for the headers and for the end."""
+        pool = self._pool
+        assert pool is not None and url.raw_host is not None
+        origin = (url.scheme, url.raw_host, url.port or 0)
+        conn = await pool.acquire(origin)
+        clean = False
+        try:
+            conn.start(self._h1_request(method, url, payload or b""), deadline)
+            resp = await conn.head  # type: ignore[misc]
+            att.first_byte_at = time.time()
+            deadline.got_headers()
+            status = att.status = resp.status
+            att.healthy = True
+            if not 200 <= status < 300:
+                conn.read_all(ERROR_BODY_CAP)
+                await conn.end  # type: ignore[misc]
+                body = b"".join(conn.body)
+                raise error_from_response(status, resp.headers, body[:ERROR_BODY_CAP],
+                                          truncated=conn.truncated)
+            ctype = resp.content_type
+            if ctype != "application/json":
+                parser = att.parser = StreamParser()
+                conn.read_sse(parser)
+                await conn.end  # type: ignore[misc]
+                result = parser.finish()
+                if token_api is not None:
+                    result = finish_token_answer(result)
+            else:
+                conn.read_all(self._max_body)
+                await conn.end  # type: ignore[misc]
+                if conn.truncated:
+                    raise ApiError("invalid_response", "response body larger than "
+                                   f"{self._max_body // (1024 * 1024)} MiB")
+                body = b"".join(conn.body)
+                result = (parse_token_completion(body, token_api) if token_api is not None
+                          else parse_completion(body))
+            result.http_status = status
+            result.cache_status = resp.headers.get("X-OpenRouter-Cache-Status")
+            if result.id is None:
+                result.id = resp.headers.get("X-Generation-Id")
+            att.result = result
+            clean = True
+        finally:
+            if clean:
+                pool.release(conn, origin)
+            else:
+                conn.abort()
+
+    def _h1_request(self, method: str, url: URL, payload: bytes) -> bytes:
+        host = self._h1_host
+        if host is None:
+            host = url.raw_host or ""
+            if ":" in host:
+                host = f"[{host}]"
+            if not url.is_default_port():
+                host = f"{host}:{url.port}"
+        head = (f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Length: {len(payload)}\r\n").encode("latin-1")
+        return head + self._h1_headers + payload
 
     async def _read(self, resp: aiohttp.ClientResponse, deadline: Deadline,
                     cap: int | None = None, truncate: bool = False) -> tuple[bytes, bool]:
@@ -397,22 +515,19 @@ class ChatClient:
         return b"".join(chunks), False
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, deadline: Deadline,
-                           parser: StreamParser) -> float | None:
-        """Feed the body to `parser`; the time its first output byte arrived (None: none)."""
+                           parser: StreamParser) -> None:
+        """Feed the body to `parser` (which notes when the model's output began)."""
         content = resp.content
         now = deadline._loop.time
         feed = parser.feed
-        first: float | None = None
         while True:
             block = await content.readany()
             if not block:
-                return first
+                return
             deadline.last = now()
             feed(block)
-            if first is None and parser.has_output:
-                first = time.time()
             if parser.done:
-                return first
+                return
 
     @staticmethod
     def _parse_json(data: bytes) -> Any:

@@ -40,7 +40,7 @@ class Frame:
     """
 
     __slots__ = ("prefix", "suffix", "field", "into", "_lp", "_ls", "_mids", "_text_at",
-                 "_ids_at", "_skip_at")
+                 "_ids_at", "_skip_at", "simple")
 
     def __init__(self, parts: list[bytes], kinds: list[str], field: str):
         self.prefix = parts[0]
@@ -53,6 +53,7 @@ class Frame:
         self._text_at = kinds.index("text")
         self._ids_at = kinds.index("ids") if "ids" in kinds else -1
         self._skip_at = tuple(i for i, k in enumerate(kinds) if k == "skip")
+        self.simple = not self._mids  # one text slot: `StreamParser.feed` matches it inline
 
     def match(self, event: bytes) -> tuple[str, list[Any] | None] | None:
         """(text, token ids or None) when `event` is this frame with other slot values."""

@@ -8,6 +8,7 @@ the server reported so a failed-but-billed attempt is still counted.
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -191,7 +192,8 @@ class StreamParser:
         "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
-        "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization",
+        "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization", "_topc",
+        "first_output_at",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -209,6 +211,7 @@ class StreamParser:
         self.native_finish_reason: str | None = None
         self.provider: str | None = None
         self.quantization: str | None = None  # revealed by the answer, when it says
+        self.first_output_at: float | None = None  # wall time the model's output began
         self.model: str | None = None
         self.id: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -219,6 +222,7 @@ class StreamParser:
         self.done = False  # saw [DONE]
         self.events = 0  # JSON chunks seen
         self._frames: list[_frames.Frame] = []
+        self._topc: tuple[bytes, bytes, int, int, list[str]] | None = None
         self._learns = 0
         self.stop_reason: Any = None  # vLLM completions: the matched stop id or string
         self._prev = b""  # the last event's bytes
@@ -238,12 +242,26 @@ class StreamParser:
             raise _invalid(f"stream event longer than {MAX_LINE} bytes")
         frames = self._frames
         prev = self._prev
+        top = self._topc
         for ev in events:
             if ev == prev and ev[:1] == b"d":
                 if self._dups is None:
                     self._dups = []
                 self._dups.append((len(self._content), len(self._reasoning)))
             prev = ev
+            if top is not None and ev.startswith(top[0]) and ev.endswith(top[1]):
+                # the newest frame, inlined (Frame.match of a one-slot frame)
+                end = len(ev) - top[3]
+                if end >= top[2] + 2:
+                    try:
+                        text = _loads(ev[top[2]:end])
+                    except _JSONDecodeError:
+                        pass
+                    else:
+                        if text:
+                            top[4].append(text)
+                        self.events += 1
+                        continue
             if frames:
                 for frame in frames:
                     hit = frame.match(ev)
@@ -276,7 +294,10 @@ class StreamParser:
                 self._full(payload, ev if simple else None)
                 if self.done:
                     break
+                top = self._topc
         self._prev = prev
+        if self.first_output_at is None and self.has_output:
+            self.first_output_at = time.time()
 
     def _full(self, payload: bytes, event: bytes | None) -> None:
         """Decode and apply one payload; learn a frame from it when it is a plain token chunk
@@ -295,6 +316,10 @@ class StreamParser:
                 self._learns += 1
                 self._frames.insert(0, frame)
                 del self._frames[self.MAX_FRAMES:]
+                # the newest frame when it has one text slot, matched inline by `feed`:
+                # (prefix, suffix, slot start, suffix length - 1, its text list)
+                self._topc = (frame.prefix, frame.suffix, frame._lp - 1, frame._ls - 1,
+                              frame.into) if frame.simple else None
 
     def _add_ids(self, ids: list[Any]) -> bool:
         """Append a frame's token ids; False (nothing changed) when they are not valid ids."""

@@ -30,6 +30,7 @@ from ..config import RunConfig
 from ..display import path as tidy
 from ..request import local_engines
 from ..store import STORE_FILE, Store, StoreError, check_writable
+from . import event_loop
 from .ballast import Ballast
 from .budget import Budget, resolve_prices
 from .control import RunLock, clear_control
@@ -113,7 +114,8 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
     run_dir = Path(cfg.run_dir)
     try:
         shard = parse_shard(opts.shard)
-    except ValueError as exc:
+        event_loop.loop_factory(cfg.engine.event_loop)
+    except (ValueError, event_loop.LoopUnavailable) as exc:
         raise RunError(str(exc)) from None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -192,8 +194,8 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
         store.set_meta("drain_timeout", repr(drain))  # for `specgen stop`
         clear_control(run_dir)  # a stop request left for an earlier session
         with _collector_tuned():
-            return asyncio.run(_main(cfg, opts, store, reader, renderer, tokenizer, stages,
-                                     shard, live, ballast))
+            return event_loop.run(_main(cfg, opts, store, reader, renderer, tokenizer,
+                                        stages, shard, live, ballast), cfg.engine.event_loop)
     finally:
         ballast.release()  # the reserve is for a running session only
         reader.close()
