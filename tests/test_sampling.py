@@ -307,7 +307,7 @@ def test_preview_shows_the_defaults_and_each_samples_draw(tmp_path):
     cfg = cfg_of(tmp_path, dataset="reasoning = [true, false]\nn = 3")
     tok = load_tokenizer("demo")
     renderer = target_renderer(cfg, tok)
-    result = preview(cfg, renderer, n=1, renderer_for=mode_renderers(cfg, tok, renderer))
+    result = preview(cfg, renderer, n=1, renderer_for=mode_renderers(renderer, cfg.target.chat_template_kwargs))
     assert result.sampling_defaults == {"temperature": (1.0, "Kimi K2.5 model card"),
                                         "top_p": (0.95, "Kimi K2.5 model card")}
     d = result.datasets[0]
@@ -318,5 +318,5 @@ def test_preview_shows_the_defaults_and_each_samples_draw(tmp_path):
     assert s.body["temperature"] == want.temperature and s.body["top_p"] == 0.95
     assert s.body["reasoning"] == {"enabled": want.thinking}
     # the token view is the prompt of the sample's own thinking mode
-    mode = mode_renderers(cfg, tok, renderer)(want.thinking)
+    mode = mode_renderers(renderer, cfg.target.chat_template_kwargs)(want.thinking)
     assert s.input_ids[:s.n_prompt] == mode.prompt_ids(s.body["messages"], None)

@@ -227,25 +227,15 @@ def run_tokenizer_and_renderer(meta: dict[str, str], tokenizer: str | None = Non
         raise VerifyError(str(exc)) from None
 
 
-def _modes(meta: dict[str, str], tok, renderer):
+def _modes(meta: dict[str, str], renderer):
     """thinking -> the run's renderer in that mode (for samples of a reasoning mix)."""
-    from .render import get_renderer, template_switches
+    from .render import mode_renderers
 
     try:
         config = orjson.loads(meta.get("config_json") or "{}")
     except orjson.JSONDecodeError:
         config = {}
-    extra = (config.get("target") or {}).get("chat_template_kwargs") or {}
-    cache = {renderer.thinking: renderer}
-
-    def renderer_for(thinking: bool):
-        if thinking not in cache:
-            cache[thinking] = get_renderer(renderer.name, tok, thinking=thinking,
-                                           chat_template_kwargs=template_switches(thinking,
-                                                                                  extra))
-        return cache[thinking]
-
-    return renderer_for
+    return mode_renderers(renderer, (config.get("target") or {}).get("chat_template_kwargs"))
 
 
 def parse_flag(value: str | None, default: bool) -> bool:
@@ -263,7 +253,7 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
         tok, renderer = run_tokenizer_and_renderer(meta, tokenizer)
         report = VerifyReport(run_dir=str(run_dir), renderer=renderer.name,
                               max_true_mismatch=max_true_mismatch)
-        checker = SampleChecker(tok, renderer, renderer_for=_modes(meta, tok, renderer))
+        checker = SampleChecker(tok, renderer, renderer_for=_modes(meta, renderer))
         base_urls = BaseUrls(store)
         for raw in store.iter_result_tuples(datasets):
             report.samples += 1

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = preview(cfg, renderer, n=args.n, dataset=args.dataset, scan=scan,
                          fetch_prices=args.fetch_prices,
-                         renderer_for=mode_renderers(cfg, tokenizer, renderer))
+                         renderer_for=mode_renderers(renderer, cfg.target.chat_template_kwargs))
     except KeyError as exc:
         print(f"specgen preview: {exc.args[0]}", file=sys.stderr)
         return 2

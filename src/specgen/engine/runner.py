@@ -250,7 +250,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                             "completion_price_per_m): the dollar cap uses the cost the API "
                             "reports, so it may be overshot by what is in flight")
             engine = Engine(cfg, store=store, reader=reader, client=client, renderer=renderer,
-                            renderer_for=mode_renderers(cfg, tokenizer, renderer),
+                            renderer_for=mode_renderers(renderer, cfg.target.chat_template_kwargs),
                             stages=stages, policy=policy, budget=Budget(
                                 cfg.budget.max_cost_usd, prices),
                             session_id=session_id, shard=shard,

@@ -27,7 +27,7 @@ async def probe(cfg: RunConfig, opts: ProbeOptions, *, tokenizer, renderer,
     from .send import check_can_start, fetch_endpoints, make_plan, send_plan
 
     check_can_start(cfg)
-    renderer_for = mode_renderers(cfg, tokenizer, renderer)
+    renderer_for = mode_renderers(renderer, cfg.target.chat_template_kwargs)
     sim = urls = None
     if cfg.endpoint.is_sim:
         from .. import sim as simmod

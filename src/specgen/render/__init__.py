@@ -73,18 +73,18 @@ def target_renderer(cfg, tokenizer) -> Renderer:
                             thinking, cfg.target.chat_template_kwargs))
 
 
-def mode_renderers(cfg, tokenizer, renderer: Renderer):
+def mode_renderers(renderer: Renderer, chat_template_kwargs: dict | None = None):
     """thinking -> the target's renderer in that mode: `renderer` (the run's, for its own
-    mode), the other built once when a dataset's reasoning mix asks for it."""
+    mode), the other built once when a dataset's reasoning mix asks for it, with the
+    `[target] chat_template_kwargs` over that mode's switches."""
     cache = {renderer.thinking: renderer}
 
     def renderer_for(thinking: bool) -> Renderer:
         found = cache.get(thinking)
         if found is None:
             found = cache[thinking] = get_renderer(
-                cfg.target.renderer, tokenizer, thinking=thinking,
-                chat_template_kwargs=template_switches(thinking,
-                                                       cfg.target.chat_template_kwargs))
+                renderer.name, renderer.tokenizer, thinking=thinking,
+                chat_template_kwargs=template_switches(thinking, chat_template_kwargs))
         return found
 
     return renderer_for

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..conversation import AssistantMessage, Message, ToolCall
 from .base import Renderer, RenderError, Sample, first_difference
-from .serving import content_format, template_view
+from .serving import content_format, parsed_calls, template_view
 
 # Added tokens that end an assistant turn in the common template families. A token only counts
 # when the tokenizer has it as an added/special token; the config's eos token always counts.
@@ -180,7 +180,7 @@ class HFRenderer(Renderer):
             raise RenderError(f"a message must be an object, not {type(m).__name__}")
         if m.get("role") != "assistant" or not self.parse_tool_arguments or not m.get("tool_calls"):
             return m
-        return {**m, "tool_calls": [_parsed_arguments(c) for c in m["tool_calls"]]}
+        return {**m, "tool_calls": parsed_calls(m["tool_calls"])}
 
     # -- tokens -----------------------------------------------------------------------------
     @cached_property
@@ -253,19 +253,6 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def _parsed_arguments(call: Any) -> Any:
-    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-        return call
-    args = call["function"].get("arguments")
-    if not isinstance(args, str):
-        return call
-    try:
-        parsed = json.loads(args)
-    except ValueError:
-        return call  # not JSON: the template gets the string as it is
-    return {**call, "function": {**call["function"], "arguments": parsed}}
 
 
 def _generation_config_eos(tok) -> list[int]:

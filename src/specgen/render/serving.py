@@ -138,7 +138,9 @@ def _parsed_arguments(args: Any, *, strict_object: bool) -> Any:
     return value
 
 
-def _calls(calls: Any, *, strict_object: bool) -> list[Any]:
+def parsed_calls(calls: Any, *, strict_object: bool = False) -> list[Any]:
+    """Tool calls with their `arguments` parsed into objects (SGLang's rule; with
+    `strict_object` vLLM's: empty, non-JSON or not an object -> {}; else the string kept)."""
     out = []
     for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
@@ -175,7 +177,7 @@ def _vllm_message(m: Message, fmt: str) -> Message:
     if role == "assistant":
         calls = m.get("tool_calls")
         if calls:
-            out["tool_calls"] = _calls(calls, strict_object=True)
+            out["tool_calls"] = parsed_calls(calls, strict_object=True)
         reasoning = next((m[k] for k in ("reasoning", "reasoning_content")
                           if m.get(k) is not None), None)
         if reasoning is not None:
@@ -200,7 +202,7 @@ def _sglang_message(m: Message, fmt: str) -> Message:
     elif isinstance(content, list) and (fmt == "string" or m.get("role") == "tool"):
         out["content"] = _joined(content, " ")
     if isinstance(out.get("tool_calls"), list):
-        out["tool_calls"] = _calls(out["tool_calls"], strict_object=False)
+        out["tool_calls"] = parsed_calls(out["tool_calls"])
     return out
 
 
