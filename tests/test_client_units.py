@@ -549,6 +549,84 @@ def test_frames_match_the_full_parser(stream):
     assert _outcome(data, cuts, True) == _outcome(data, cuts, False)
 
 
+# Slots that a run read at once must treat exactly as the event loop does: escaped quotes,
+# escaped backslashes, a dangling backslash (whose quote the next slot's text could close)
+_RUN_PIECE = st.one_of(_TEXT, st.sampled_from(
+    ['say \\"hi\\"', "a\\\\", "\\", "a\\", ',"z', '\\",\\"', "\\\\\\", "\\u00e9", "\\ud83d",
+     "\\ude00", "x\ny", "", '"', "\\n"]))
+
+
+@st.composite
+def runs_of_frames(draw):
+    """A stream whose chunks are mostly one frame with raw slot bytes (some not valid JSON
+    string bodies), fed in blocks of whole and cut events."""
+    head = (b'data: {"id":"gen-1","object":"chat.completion.chunk","provider":"P","choices":'
+            b'[{"index":0,"delta":{"content":"')
+    tail = b'"},"finish_reason":null}]}\n\n'
+    events = [head + b'first' + tail]
+    for _ in range(draw(st.integers(1, 30))):
+        kind = draw(st.integers(0, 19))
+        if kind == 0:  # another chunk in the middle of the run
+            events.append(sse(delta(reasoning="r"), done=False))
+        elif kind == 1:  # the same event again (a retransmission)
+            events.append(events[-1])
+        else:
+            piece = draw(_RUN_PIECE)
+            raw = piece.encode() if draw(st.booleans()) else orjson.dumps(piece)[1:-1]
+            events.append(head + raw + tail)
+    events.append(sse(STREAM[5], STREAM[6]))
+    data = b"".join(events)
+    cuts, pos = [], 0
+    while pos < len(data):
+        n = draw(st.integers(1, 6))  # whole events per block, now and then cut mid-event
+        size = sum(len(e) for e in events[:n]) + draw(st.integers(-30, 30))
+        cuts.append(max(1, size))
+        pos += cuts[-1]
+    return data, cuts
+
+
+@settings(max_examples=400, deadline=None)
+@given(runs_of_frames())
+def test_runs_of_frames_read_at_once_match_the_full_parser(stream):
+    data, cuts = stream
+    assert _outcome(data, cuts, True) == _outcome(data, cuts, False)
+
+
+def test_runs_of_frames_are_read_at_once():
+    """A block of whole token chunks of the newest frame is taken by one pass (and a cut
+    event waits for its end); what the run cannot prove goes through the event loop."""
+    from specgen.client import frames
+
+    taken = []
+    real = frames.Frame.take_run
+
+    def spy(self, block):
+        out = real(self, block)
+        taken.append(0 if out is None else len(out[0]))
+        return out
+
+    frames.Frame.take_run = spy
+    try:
+        chunks = [delta(content=f"t{i} \"q\" \\") for i in range(40)]
+        data = sse(*chunks, STREAM[5], STREAM[6])
+        one = len(sse(chunks[0], done=False))
+        r = parse_stream(data, [one] + [one * 10 - 7, one * 10 + 7] * 2)
+        assert r.content == "".join(f"t{i} \"q\" \\" for i in range(40))
+        assert r.finish_reason == "stop" and r.usage["completion_tokens"] == 5
+        assert sum(taken) >= 30 and max(taken) >= 9
+    finally:
+        frames.Frame.take_run = real
+    # a slot ending in a backslash escapes the frame's closing quote: the event loop's
+    # verdict (the full parser's), not the run's
+    good = orjson.dumps(delta(content="a"))
+    bad = good.replace(b'"content":"a"', b'"content":"a\\"')
+    z = good.replace(b'"content":"a"', b'"content":",\"z"')
+    data = b"".join(b"data: " + c + b"\n\n" for c in (good, good.replace(b'"a"', b'"b"'),
+                                                       bad, z)) + sse(STREAM[5])
+    assert _outcome(data, [len(good) + 8], True) == _outcome(data, [len(good) + 8], False)
+    assert _outcome(data, [len(good) + 8], True)[0] == "invalid_response"
+
+
 def test_frames_are_used_for_plain_token_chunks():
     chunks = [delta(content=f"t{i}") for i in range(50)] + [STREAM[5], STREAM[6]]
     p = StreamParser()
@@ -632,6 +710,54 @@ def test_dechunker_any_split_gives_the_body(pieces, upper, ext, trailer, cuts):
         if d.done:
             break
     assert b"".join(got) == b"".join(pieces) and d.done
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.binary(min_size=1, max_size=40),
+                          st.sampled_from([b"data: x\n\n", b"a\r\nb", b"\r\n", b"\r", b"\n",
+                                           b"0\r\n", b"5\r\nhello", b"z" * 2100])),
+                min_size=1, max_size=30),
+       st.booleans(), st.booleans(), st.lists(st.integers(min_value=1, max_value=3000),
+                                              max_size=6))
+def test_dechunker_whole_chunks_match_the_loop(pieces, upper, zeros, cuts):
+    """The one-pass read of whole chunks (sizes seen before, 4 KiB ones, upper case, leading
+    zeros, data holding CRLFs or chunk-like bytes) gives what the chunk-by-chunk loop gives."""
+    from specgen.client.h1 import Dechunker
+
+    out = b""
+    for p in pieces:
+        size = (b"%X" if upper else b"%x") % len(p)
+        out += (b"00" + size if zeros and len(p) % 3 == 0 else size) + b"\r\n" + p + b"\r\n"
+    wire = out + b"0\r\n\r\nHTTP/1.1 next"
+
+    def read(bulk: bool):
+        Dechunker.BULK = bulk
+        try:
+            d, got, pos = Dechunker(), [], 0
+            for c in sorted(set(cuts)) + [len(wire)]:
+                if c <= pos:
+                    continue
+                got += d.feed(wire[pos:c])
+                pos = c
+                if d.done:
+                    break
+            return b"".join(got), d.done
+        finally:
+            Dechunker.BULK = True
+
+    assert read(True) == read(False) == (b"".join(pieces), True)
+
+
+def test_dechunker_takes_whole_chunks_in_one_pass():
+    from specgen.client.h1 import Dechunker
+
+    pieces = [b"data: {\"t\":%d}\n\n" % i for i in range(12)]
+    wire = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+    out: list[bytes] = []
+    assert Dechunker._whole_chunks(wire + b"0\r\n\r\n", out) == len(wire)
+    assert out == pieces
+    out = []  # a CRLF inside a chunk's data: nothing is taken, the loop reads it
+    assert Dechunker._whole_chunks(b"4\r\na\r\nb\r\n" + wire, out) == 0 and out == []
 
 
 @pytest.mark.parametrize("wire", [

@@ -40,7 +40,7 @@ class Frame:
     """
 
     __slots__ = ("prefix", "suffix", "field", "into", "_lp", "_ls", "_mids", "_text_at",
-                 "_ids_at", "_skip_at", "simple")
+                 "_ids_at", "_skip_at", "simple", "sep", "_end")
 
     def __init__(self, parts: list[bytes], kinds: list[str], field: str):
         self.prefix = parts[0]
@@ -54,6 +54,9 @@ class Frame:
         self._ids_at = kinds.index("ids") if "ids" in kinds else -1
         self._skip_at = tuple(i for i, k in enumerate(kinds) if k == "skip")
         self.simple = not self._mids  # one text slot: `StreamParser.feed` matches it inline
+        # between two events of a one-slot frame: its suffix, the blank line, its prefix
+        self.sep = self.suffix + b"\n\n" + self.prefix
+        self._end = self.suffix + b"\n\n"
 
     def match(self, event: bytes) -> tuple[str, list[Any] | None] | None:
         """(text, token ids or None) when `event` is this frame with other slot values."""
@@ -87,6 +90,65 @@ class Frame:
         except _JSONDecodeError:
             return None
         return text, ids
+
+
+    def take_run(self, block: bytes) -> tuple[list[str], list[bytes], int] | None:
+        """The leading events of `block` that are all this one-slot frame, read in one pass:
+        (their texts, their raw slots, where the first other event starts); None when the
+        first event is not this frame.
+
+        From each slot's start the slot ends at the first quote no backslash escapes; the
+        event is this frame exactly when the frame's suffix follows there (then the blank
+        line and, when the next event is this frame too, its prefix). That is `match`'s check
+        (the prefix, one JSON string body, the suffix) with one short `find` and one compare
+        per event. The slots are decoded together as one JSON array of strings. A quote
+        followed by the next event's bytes is taken without counting the backslashes before
+        it; when it is escaped the array cannot decode: every later slot then sits outside a
+        string, and the array's last quote opens one that never closes.
+        """
+        lp = self._lp
+        if not block.startswith(self.prefix):
+            return None
+        find, startswith = block.find, block.startswith
+        sep = self.sep
+        lsep = len(sep)
+        slots: list[bytes] = []
+        append = slots.append
+        s = lp  # the slot of the first event not yet taken
+        end = 0  # where the first event not taken begins
+        q = find(b'"', s)
+        while q >= 0:
+            if startswith(sep, q):  # this event ends here and the next is this frame too
+                append(block[s:q])
+                s = q + lsep
+                q = find(b'"', s)
+                continue
+            if block[q - 1] == 92 and _escaped(block, q):
+                q = find(b'"', q + 1)  # the slot goes on past an escaped quote
+                continue
+            if startswith(self._end, q):  # the last event of the run
+                append(block[s:q])
+                end = q + len(self._end)
+            break
+        if not slots:
+            return None
+        if not end:
+            end = s - lp
+        try:
+            texts = _loads(b'["' + b'","'.join(slots) + b'"]')
+        except _JSONDecodeError:
+            return None  # an invalid escape or a raw control character: the full parser's
+        if len(texts) != len(slots):
+            return None
+        return texts, slots, end
+
+
+def _escaped(data: bytes, q: int) -> bool:
+    """Whether the quote at `q` is escaped: an odd run of backslashes before it."""
+    b = q
+    while b and data[b - 1] == 92:
+        b -= 1
+    return (q - b) % 2 == 1
 
 
 def _string_slot(payload: bytes, key: bytes, want: str) -> tuple[int, int] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Iterable, Iterator
+from operator import eq
 from typing import Any
 
 import orjson
@@ -193,7 +194,7 @@ class StreamParser:
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
         "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization", "_topc",
-        "first_output_at",
+        "first_output_at", "_top",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -223,6 +224,7 @@ class StreamParser:
         self.events = 0  # JSON chunks seen
         self._frames: list[_frames.Frame] = []
         self._topc: tuple[bytes, bytes, int, int, list[str]] | None = None
+        self._top: _frames.Frame | None = None  # the newest frame when it has one text slot
         self._learns = 0
         self.stop_reason: Any = None  # vLLM completions: the matched stop id or string
         self._prev = b""  # the last event's bytes
@@ -236,13 +238,20 @@ class StreamParser:
             block = self._buf + block
         if b"\r" in block:
             block = block.replace(b"\r\n", b"\n")
+        if self._top is not None and block:
+            block = self._run_of_frames(block, self._top)
+            if not block:  # all of it was the newest frame's events
+                self._buf = b""
+                if self.first_output_at is None:
+                    self.first_output_at = time.time()
+                return
+        top = self._topc
         events = block.split(b"\n\n")
         self._buf = events.pop()
         if len(self._buf) > MAX_LINE:
             raise _invalid(f"stream event longer than {MAX_LINE} bytes")
         frames = self._frames
         prev = self._prev
-        top = self._topc
         for ev in events:
             if ev == prev and ev[:1] == b"d":
                 if self._dups is None:
@@ -299,6 +308,25 @@ class StreamParser:
         if self.first_output_at is None and self.has_output:
             self.first_output_at = time.time()
 
+    def _run_of_frames(self, block: bytes, frame: _frames.Frame) -> bytes:
+        """Take the leading events of `block` that are the newest frame at once (the common
+        case: a tick's worth of token chunks); what is left for the event loop. Empty and
+        repeated pieces are left to the loop too (it skips the one and notes the other)."""
+        run = frame.take_run(block)
+        if run is None:
+            return block
+        texts, slots, end = run
+        if "" in texts or len(slots) > 1 and any(map(eq, slots, slots[1:])):
+            return block
+        lp, ls = frame._lp, frame._ls
+        first = block[:lp + len(slots[0]) + ls]
+        if first == self._prev:
+            return block
+        frame.into.extend(texts)  # type: ignore[union-attr]
+        self.events += len(texts)
+        self._prev = block[end - 2 - ls - len(slots[-1]) - lp:end - 2]
+        return block[end:]
+
     def _full(self, payload: bytes, event: bytes | None) -> None:
         """Decode and apply one payload; learn a frame from it when it is a plain token chunk
         (`event`: its whole SSE event when that is the simple one-line form)."""
@@ -320,6 +348,7 @@ class StreamParser:
                 # (prefix, suffix, slot start, suffix length - 1, its text list)
                 self._topc = (frame.prefix, frame.suffix, frame._lp - 1, frame._ls - 1,
                               frame.into) if frame.simple else None
+                self._top = frame if frame.simple else None
 
     def _add_ids(self, ids: list[Any]) -> bool:
         """Append a frame's token ids; False (nothing changed) when they are not valid ids."""
