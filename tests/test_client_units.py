@@ -627,6 +627,18 @@ def test_runs_of_frames_are_read_at_once():
     assert _outcome(data, [len(good) + 8], True)[0] == "invalid_response"
 
 
+def test_a_repeat_after_a_run_is_noted_where_it_is():
+    """A run is kept as one piece; an event repeating the run's last one is still noted at
+    its own offset, in its own field."""
+    chunks = [delta(content=f"t{i}") for i in range(10)]
+    data = sse(*chunks, chunks[-1], delta(content="end"), STREAM[5])
+    one = len(sse(chunks[0], done=False))
+    for cuts in ([one, one * 9], None, [one, one * 9, one]):
+        r = parse_stream(data, cuts)
+        assert r.content == "".join(f"t{i}" for i in range(10)) + "t9end"
+        assert r.duplicates == [("content", len("".join(f"t{i}" for i in range(10))), 2)]
+
+
 def test_frames_are_used_for_plain_token_chunks():
     chunks = [delta(content=f"t{i}") for i in range(50)] + [STREAM[5], STREAM[6]]
     p = StreamParser()

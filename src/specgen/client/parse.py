@@ -228,9 +228,9 @@ class StreamParser:
         self._learns = 0
         self.stop_reason: Any = None  # vLLM completions: the matched stop id or string
         self._prev = b""  # the last event's bytes
-        # (content pieces, reasoning pieces) before each event that repeated the one before
-        # byte for byte: a relay's retransmission, or a model writing the same text twice
-        self._dups: list[tuple[int, int]] | None = None
+        # (field, its pieces before) of each event that repeated the one before byte for
+        # byte: a relay's retransmission, or a model writing the same text twice
+        self._dups: list[tuple[str, int]] | None = None
 
     def feed(self, block: bytes) -> None:
         """Consume the next bytes of the body (any split: mid-line, mid-CRLF, many events)."""
@@ -252,11 +252,13 @@ class StreamParser:
             raise _invalid(f"stream event longer than {MAX_LINE} bytes")
         frames = self._frames
         prev = self._prev
+        repeat = None  # (content, reasoning) pieces before an event that repeated the last
         for ev in events:
+            if repeat is not None:
+                self._note_repeat(repeat)
+                repeat = None
             if ev == prev and ev[:1] == b"d":
-                if self._dups is None:
-                    self._dups = []
-                self._dups.append((len(self._content), len(self._reasoning)))
+                repeat = (len(self._content), len(self._reasoning))
             prev = ev
             if top is not None and ev.startswith(top[0]) and ev.endswith(top[1]):
                 # the newest frame, inlined (Frame.match of a one-slot frame)
@@ -304,25 +306,40 @@ class StreamParser:
                 if self.done:
                     break
                 top = self._topc
+        if repeat is not None:
+            self._note_repeat(repeat)
         self._prev = prev
         if self.first_output_at is None and self.has_output:
             self.first_output_at = time.time()
 
+    def _note_repeat(self, before: tuple[int, int]) -> None:
+        """Note the field a repeated event added its piece to (`before`: the pieces of
+        content and reasoning before it); a repeat that added nothing is not noted."""
+        if self._dups is None:
+            self._dups = []
+        for field, pieces, k in (("content", self._content, before[0]),
+                                 ("reasoning", self._reasoning, before[1])):
+            if len(pieces) > k:
+                self._dups.append((field, k))
+
     def _run_of_frames(self, block: bytes, frame: _frames.Frame) -> bytes:
         """Take the leading events of `block` that are the newest frame at once (the common
-        case: a tick's worth of token chunks); what is left for the event loop. Empty and
-        repeated pieces are left to the loop too (it skips the one and notes the other)."""
+        case: a tick's worth of token chunks); what is left for the event loop. Their texts
+        are kept as one piece (a stream in flight holds a piece per read, not per token); a
+        run with a repeated event is left to the loop, which notes the repeat."""
         run = frame.take_run(block)
         if run is None:
             return block
         texts, slots, end = run
-        if "" in texts or len(slots) > 1 and any(map(eq, slots, slots[1:])):
+        if len(slots) > 1 and any(map(eq, slots, slots[1:])):
             return block
         lp, ls = frame._lp, frame._ls
         first = block[:lp + len(slots[0]) + ls]
         if first == self._prev:
             return block
-        frame.into.extend(texts)  # type: ignore[union-attr]
+        text = "".join(texts)
+        if text:
+            frame.into.append(text)  # type: ignore[union-attr]
         self.events += len(texts)
         self._prev = block[end - 2 - ls - len(slots[-1]) - lp:end - 2]
         return block[end:]
@@ -591,12 +608,12 @@ class StreamParser:
 
     def _duplicates(self) -> list[tuple[str, int, int]]:
         """(field, offset, length) of the text each repeated event added to its field: the
-        piece it appended equals the piece before it in the same field."""
+        piece it appended repeats the end of the piece before it in the same field (that
+        piece may hold a whole run of events, the repeated one last)."""
         out = []
-        for field, pieces, at in (("content", self._content, 0), ("reasoning", self._reasoning, 1)):
-            for marks in self._dups or ():
-                k = marks[at]
-                if 0 < k < len(pieces) and pieces[k] == pieces[k - 1]:
+        for field, pieces in (("content", self._content), ("reasoning", self._reasoning)):
+            for noted, k in self._dups or ():
+                if noted == field and 0 < k < len(pieces) and pieces[k - 1].endswith(pieces[k]):
                     out.append((field, sum(len(p) for p in pieces[:k]), len(pieces[k])))
         return out
 
