@@ -40,7 +40,7 @@ class Frame:
     """
 
     __slots__ = ("prefix", "suffix", "field", "into", "_lp", "_ls", "_mids", "_text_at",
-                 "_ids_at", "_skip_at", "simple", "sep", "_end")
+                 "_ids_at", "_skip_at", "simple", "sep", "_end", "event_size")
 
     def __init__(self, parts: list[bytes], kinds: list[str], field: str):
         self.prefix = parts[0]
@@ -57,6 +57,7 @@ class Frame:
         # between two events of a one-slot frame: its suffix, the blank line, its prefix
         self.sep = self.suffix + b"\n\n" + self.prefix
         self._end = self.suffix + b"\n\n"
+        self.event_size = len(self.sep) - 2  # an event of this frame with an empty slot
 
     def match(self, event: bytes) -> tuple[str, list[Any] | None] | None:
         """(text, token ids or None) when `event` is this frame with other slot values."""

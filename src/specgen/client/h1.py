@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 MAX_HEAD = 64 * 1024  # status line + headers
 MAX_CHUNK_LINE = 4096  # a chunk-size line (with extensions) or a trailer line
+BULK_CHUNKS = 4  # a read of fewer chunks than this (by the last one's size): the chunk loop
 _NO_BODY = frozenset((204, 304))
 
 
@@ -116,7 +117,7 @@ class Dechunker:
     The common case (whole chunks in the buffer) costs one `find`, one `int` and one slice per
     chunk; a chunk cut by the read is finished on the next `feed`."""
 
-    __slots__ = ("_left", "_crlf", "_trailers", "_tail", "done")
+    __slots__ = ("_left", "_crlf", "_trailers", "_tail", "done", "_size")
 
     def __init__(self) -> None:
         self._left = 0  # data bytes of a cut chunk still to come
@@ -124,12 +125,14 @@ class Dechunker:
         self._trailers = False
         self._tail = b""  # an unfinished chunk-size or trailer line
         self.done = False
+        self._size = 0  # the last chunk's size: a read shorter than a few is left to the loop
 
     def feed(self, data: bytes) -> list[bytes]:
         """The body bytes in `data`; any bytes after the body's end are ignored."""
         out: list[bytes] = []
         pos = 0
-        if not (self._left or self._crlf or self._tail or self._trailers) and self.BULK:
+        if (not (self._left or self._crlf or self._tail or self._trailers) and self.BULK
+                and len(data) >= BULK_CHUNKS * self._size):
             pos = self._whole_chunks(data, out)
             if pos == len(data):
                 return out
@@ -166,6 +169,7 @@ class Dechunker:
                     n = _chunk_size(line)
             else:
                 n = _chunk_size(line)
+            self._size = n
             if n == 0:
                 self._trailers = True
                 pos = nl + 2
@@ -189,8 +193,7 @@ class Dechunker:
 
     BULK = True  # tests turn it off to compare with the chunk-by-chunk loop
 
-    @staticmethod
-    def _whole_chunks(data: bytes, out: list[bytes]) -> int:
+    def _whole_chunks(self, data: bytes, out: list[bytes]) -> int:
         """Take the whole chunks at the start of `data` (which starts at a chunk-size line) in
         a few C-level passes; the bytes taken. A stream sends one small chunk per token, so
         this is most chunks.
@@ -221,6 +224,8 @@ class Dechunker:
         if sizes != list(map(len, pieces)):
             return 0  # a CRLF inside some chunk's data
         out.extend(pieces)
+        if sizes:
+            self._size = sizes[-1]
         return sum(sizes) + sum(map(len, size_lines)) + 4 * pairs
 
     def _finish_cut(self, data: bytes, out: list[bytes]) -> int:

@@ -24,6 +24,7 @@ _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 
 MAX_LINE = 16 * 1024 * 1024  # an SSE line longer than this is not a chat chunk
+RUN_EVENTS = 4  # a block shorter than this many of the newest frame's events: the event loop
 
 
 def _invalid(message: str) -> ApiError:
@@ -238,7 +239,7 @@ class StreamParser:
             block = self._buf + block
         if b"\r" in block:
             block = block.replace(b"\r\n", b"\n")
-        if self._top is not None and block:
+        if self._top is not None and len(block) >= RUN_EVENTS * self._top.event_size:
             block = self._run_of_frames(block, self._top)
             if not block:  # all of it was the newest frame's events
                 self._buf = b""
