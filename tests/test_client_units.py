@@ -570,6 +570,10 @@ def runs_of_frames(draw):
             events.append(sse(delta(reasoning="r"), done=False))
         elif kind == 1:  # the same event again (a retransmission)
             events.append(events[-1])
+        elif kind == 2:  # the frame but for one byte next to the slot: not the frame
+            events.append(head.replace(b'"content":"', b'"contenx":"') + b"y" + tail)
+        elif kind == 3:  # a token that carries more than the frame (a vLLM stop reason)
+            events.append(head + b"last" + tail.replace(b"null", b'null,"stop_reason":7'))
         else:
             piece = draw(_RUN_PIECE)
             raw = piece.encode() if draw(st.booleans()) else orjson.dumps(piece)[1:-1]
