@@ -710,13 +710,10 @@ def chunked(pieces: list[bytes], *, upper: bool = False, ext: bool = False,
     return out + b"0\r\n" + (b"X-Trailer: 1\r\n" if trailer else b"") + b"\r\n"
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.binary(min_size=1, max_size=40), max_size=12), st.booleans(), st.booleans(),
-       st.booleans(), st.lists(st.integers(min_value=1, max_value=500), max_size=10))
-def test_dechunker_any_split_gives_the_body(pieces, upper, ext, trailer, cuts):
+def dechunk_at(wire: bytes, cuts: list[int]) -> tuple[bytes, bool]:
+    """(the body, whether its end was seen) from `wire` fed to a `Dechunker` cut at `cuts`."""
     from specgen.client.h1 import Dechunker
 
-    wire = chunked(pieces, upper=upper, ext=ext, trailer=trailer) + b"HTTP/1.1 next"
     d, got, pos = Dechunker(), [], 0
     for c in sorted(set(cuts)) + [len(wire)]:
         if c <= pos:
@@ -725,7 +722,16 @@ def test_dechunker_any_split_gives_the_body(pieces, upper, ext, trailer, cuts):
         pos = c
         if d.done:
             break
-    assert b"".join(got) == b"".join(pieces) and d.done
+    return b"".join(got), d.done
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=40), max_size=12), st.booleans(), st.booleans(),
+       st.booleans(), st.lists(st.integers(min_value=1, max_value=500), max_size=10))
+def test_dechunker_any_split_gives_the_body(pieces, upper, ext, trailer, cuts):
+
+    wire = chunked(pieces, upper=upper, ext=ext, trailer=trailer) + b"HTTP/1.1 next"
+    assert dechunk_at(wire, cuts) == (b"".join(pieces), True)
 
 
 @settings(max_examples=300, deadline=None)
@@ -746,22 +752,12 @@ def test_dechunker_whole_chunks_match_the_loop(pieces, upper, zeros, cuts):
         out += (b"00" + size if zeros and len(p) % 3 == 0 else size) + b"\r\n" + p + b"\r\n"
     wire = out + b"0\r\n\r\nHTTP/1.1 next"
 
-    def read(bulk: bool):
-        Dechunker.BULK = bulk
-        try:
-            d, got, pos = Dechunker(), [], 0
-            for c in sorted(set(cuts)) + [len(wire)]:
-                if c <= pos:
-                    continue
-                got += d.feed(wire[pos:c])
-                pos = c
-                if d.done:
-                    break
-            return b"".join(got), d.done
-        finally:
-            Dechunker.BULK = True
-
-    assert read(True) == read(False) == (b"".join(pieces), True)
+    Dechunker.BULK = False
+    try:
+        by_loop = dechunk_at(wire, cuts)
+    finally:
+        Dechunker.BULK = True
+    assert dechunk_at(wire, cuts) == by_loop == (b"".join(pieces), True)
 
 
 def test_dechunker_takes_whole_chunks_in_one_pass():
