@@ -40,7 +40,8 @@ class Frame:
     """
 
     __slots__ = ("prefix", "suffix", "field", "into", "_lp", "_ls", "_mids", "_text_at",
-                 "_ids_at", "_skip_at", "simple", "sep", "_end", "event_size")
+                 "_ids_at", "_skip_at", "simple", "sep", "_end", "event_size", "at",
+                 "tail")
 
     def __init__(self, parts: list[bytes], kinds: list[str], field: str):
         self.prefix = parts[0]
@@ -54,6 +55,10 @@ class Frame:
         self._ids_at = kinds.index("ids") if "ids" in kinds else -1
         self._skip_at = tuple(i for i, k in enumerate(kinds) if k == "skip")
         self.simple = not self._mids  # one text slot: `StreamParser.feed` matches it inline
+        # where the first slot's delimiter opens and, from the end, the last one's closes: a
+        # one-slot event's text with its quotes is event[at:len(event) - tail]
+        self.at = self._lp - 1
+        self.tail = self._ls - 1
         # between two events of a one-slot frame: its suffix, the blank line, its prefix
         self.sep = self.suffix + b"\n\n" + self.prefix
         self._end = self.suffix + b"\n\n"
@@ -65,8 +70,8 @@ class Frame:
             return None
         # Slices keep the slot's own delimiters (a part before a slot ends with `"` or `[`, the
         # part after it starts with `"` or `]`), so each is one JSON value to check and decode.
-        pos = self._lp - 1
-        end = len(event) - self._ls + 1
+        pos = self.at
+        end = len(event) - self.tail
         try:
             if not self._mids:  # the common frame: one text slot
                 if end < pos + 2:

@@ -194,8 +194,8 @@ class StreamParser:
         "_buf", "_content", "_reasoning", "reasoning_field", "_tools", "_last_tool",
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
-        "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization", "_topc",
-        "first_output_at", "_top",
+        "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization", "_top",
+        "first_output_at",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -224,7 +224,6 @@ class StreamParser:
         self.done = False  # saw [DONE]
         self.events = 0  # JSON chunks seen
         self._frames: list[_frames.Frame] = []
-        self._topc: tuple[bytes, bytes, int, int, list[str]] | None = None
         self._top: _frames.Frame | None = None  # the newest frame when it has one text slot
         self._learns = 0
         self.stop_reason: Any = None  # vLLM completions: the matched stop id or string
@@ -246,7 +245,7 @@ class StreamParser:
                 if self.first_output_at is None:
                     self.first_output_at = time.time()
                 return
-        top = self._topc
+        top = self._top
         events = block.split(b"\n\n")
         self._buf = events.pop()
         if len(self._buf) > MAX_LINE:
@@ -261,17 +260,17 @@ class StreamParser:
             if ev == prev and ev[:1] == b"d":
                 repeat = (len(self._content), len(self._reasoning))
             prev = ev
-            if top is not None and ev.startswith(top[0]) and ev.endswith(top[1]):
+            if top is not None and ev.startswith(top.prefix) and ev.endswith(top.suffix):
                 # the newest frame, inlined (Frame.match of a one-slot frame)
-                end = len(ev) - top[3]
-                if end >= top[2] + 2:
+                end = len(ev) - top.tail
+                if end >= top.at + 2:
                     try:
-                        text = _loads(ev[top[2]:end])
+                        text = _loads(ev[top.at:end])
                     except _JSONDecodeError:
                         pass
                     else:
                         if text:
-                            top[4].append(text)
+                            top.into.append(text)  # type: ignore[union-attr]
                         self.events += 1
                         continue
             if frames:
@@ -306,7 +305,7 @@ class StreamParser:
                 self._full(payload, ev if simple else None)
                 if self.done:
                     break
-                top = self._topc
+                top = self._top
         if repeat is not None:
             self._note_repeat(repeat)
         self._prev = prev
@@ -362,10 +361,7 @@ class StreamParser:
                 self._learns += 1
                 self._frames.insert(0, frame)
                 del self._frames[self.MAX_FRAMES:]
-                # the newest frame when it has one text slot, matched inline by `feed`:
-                # (prefix, suffix, slot start, suffix length - 1, its text list)
-                self._topc = (frame.prefix, frame.suffix, frame._lp - 1, frame._ls - 1,
-                              frame.into) if frame.simple else None
+                # the newest frame when it has one text slot: matched inline by `feed`
                 self._top = frame if frame.simple else None
 
     def _add_ids(self, ids: list[Any]) -> bool:
