@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from multidict import CIMultiDict
@@ -95,7 +94,6 @@ def parse_head(raw: bytes) -> Response:
 
 
 _X = (b"x", b"X")  # a size with a 0x prefix is not HTTP
-_HEX_DIGITS = b"0123456789abcdefABCDEF"
 # the size lines of chunks under 2 KiB (a token's chunk is a few hundred bytes), both cases
 _SIZES = {form % n: n for n in range(1, 2048) for form in (b"%x", b"%X")}
 
@@ -114,10 +112,12 @@ def _chunk_size(line: bytes) -> int:
 class Dechunker:
     """Undoes chunked framing incrementally; `done` once the last chunk and trailers came.
 
-    The common case (whole chunks in the buffer) costs one `find`, one `int` and one slice per
-    chunk; a chunk cut by the read is finished on the next `feed`."""
+    A read of several whole chunks is taken in one pass (`_whole_chunks`); otherwise each chunk
+    costs one `find`, one `int` and one slice; a chunk cut by the read is finished on the next
+    `feed`."""
 
     __slots__ = ("_left", "_crlf", "_trailers", "_tail", "done", "_size")
+    BULK = True  # tests turn it off to compare with the chunk-by-chunk loop
 
     def __init__(self) -> None:
         self._left = 0  # data bytes of a cut chunk still to come
@@ -191,15 +191,13 @@ class Dechunker:
             break
         return out
 
-    BULK = True  # tests turn it off to compare with the chunk-by-chunk loop
-
     def _whole_chunks(self, data: bytes, out: list[bytes]) -> int:
         """Take the whole chunks at the start of `data` (which starts at a chunk-size line) in
         a few C-level passes; the bytes taken. A stream sends one small chunk per token, so
         this is most chunks.
 
         `data` is split at every CRLF into (size line, data) pairs; a pair is one whole chunk
-        exactly when its size line is bare hex digits naming its data's length. Checked from
+        exactly when its size line (read as the loop reads it) names its data's length. Checked from
         the first pair on, that is the true framing: where a chunk's data held a CRLF, its
         piece comes out shorter than its size, and nothing is taken (the loop reads it). The
         last chunk (size 0) and what follows it are left to the loop too.
@@ -212,12 +210,10 @@ class Dechunker:
         pieces = parts[1:2 * pairs:2]
         sizes = list(map(_SIZES.get, size_lines))  # a token's chunk: a size seen before
         if None in sizes:
-            if b"".join(size_lines).translate(None, _HEX_DIGITS):
-                return 0  # a size line with extensions or a prefix: the loop says which
             try:
-                sizes = list(map(int, size_lines, repeat(16)))
-            except ValueError:  # an empty size line
-                return 0
+                sizes = list(map(_chunk_size, size_lines))
+            except HttpProtocolError:
+                return 0  # the loop reports it where it is
         if 0 in sizes:  # the last chunk: trailers follow, the loop reads them
             pairs = sizes.index(0)
             del sizes[pairs:], pieces[pairs:], size_lines[pairs:]
