@@ -5,10 +5,11 @@ loop and, when installed, on uvloop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -107,26 +108,32 @@ ANSWERS = {
 }
 
 
-async def answer_with(tick: float, pieces: list[bytes], headers: dict[str, str],
-                      pause: float = 0.003) -> tuple[Any, int]:
-    """(the response, how many blocks the stream parser was fed)."""
-    feeds = 0
+@contextlib.contextmanager
+def counted_feeds() -> Iterator[list[int]]:
+    """Count the blocks every stream parser is fed meanwhile (`[n]`)."""
+    feeds = [0]
     feed = parse_mod.StreamParser.feed
 
     def counting(self: parse_mod.StreamParser, block: bytes) -> None:
-        nonlocal feeds
-        feeds += 1
+        feeds[0] += 1
         feed(self, block)
 
     parse_mod.StreamParser.feed = counting  # type: ignore[method-assign]
     try:
+        yield feeds
+    finally:
+        parse_mod.StreamParser.feed = feed  # type: ignore[method-assign]
+
+
+async def answer_with(tick: float, pieces: list[bytes], headers: dict[str, str],
+                      pause: float = 0.003) -> tuple[Any, int]:
+    """(the response, how many blocks the stream parser was fed)."""
+    with counted_feeds() as feeds:
         handler = stream_handler(pieces, pause=pause, headers={**SSE_HEADERS, **headers})
         async with Server(handler) as srv:
             async with ChatClient(srv.url, stream_tick=tick) as client:
                 resp = await client.chat({**BODY, "stream": True})
-    finally:
-        parse_mod.StreamParser.feed = feed  # type: ignore[method-assign]
-    return resp, feeds
+    return resp, feeds[0]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -283,23 +290,16 @@ def test_batched_reads_over_tls(loop: str, tls_files, monkeypatch) -> None:
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        feeds = 0
-        feed = parse_mod.StreamParser.feed
-
-        def counting(self: parse_mod.StreamParser, block: bytes) -> None:
-            nonlocal feeds
-            feeds += 1
-            feed(self, block)
-
-        monkeypatch.setattr(parse_mod.StreamParser, "feed", counting)
         try:
-            async with ChatClient(f"https://127.0.0.1:{port}/v1", stream_tick=0.05) as client:
-                first = await client.chat({**BODY, "stream": True})
-                second = await client.chat({**BODY, "stream": True})
+            with counted_feeds() as feeds:
+                async with ChatClient(f"https://127.0.0.1:{port}/v1",
+                                      stream_tick=0.05) as client:
+                    first = await client.chat({**BODY, "stream": True})
+                    second = await client.chat({**BODY, "stream": True})
         finally:
             await runner.cleanup()
         assert first.content == second.content == "".join(TOKENS)
-        assert feeds * 3 < 2 * len(pieces), feeds  # read in batches through TLS too
+        assert feeds[0] * 3 < 2 * len(pieces), feeds  # read in batches through TLS too
         assert first.usage == USAGE["usage"] and first.finish_reason == "stop"
 
     run_on(loop, main)
