@@ -596,7 +596,7 @@ def test_runs_of_frames_read_at_once_match_the_full_parser(stream):
     assert _outcome(data, cuts, True) == _outcome(data, cuts, False)
 
 
-def test_runs_of_frames_are_read_at_once():
+def test_runs_of_frames_are_read_at_once(monkeypatch):
     """A block of whole token chunks of the newest frame is taken by one pass (and a cut
     event waits for its end); what the run cannot prove goes through the event loop."""
     from specgen.client import frames
@@ -609,17 +609,15 @@ def test_runs_of_frames_are_read_at_once():
         taken.append(0 if out is None else len(out[0]))
         return out
 
-    frames.Frame.take_run = spy
-    try:
-        chunks = [delta(content=f"t{i} \"q\" \\") for i in range(40)]
-        data = sse(*chunks, STREAM[5], STREAM[6])
-        one = len(sse(chunks[0], done=False))
-        r = parse_stream(data, [one] + [one * 10 - 7, one * 10 + 7] * 2)
-        assert r.content == "".join(f"t{i} \"q\" \\" for i in range(40))
-        assert r.finish_reason == "stop" and r.usage["completion_tokens"] == 5
-        assert sum(taken) >= 30 and max(taken) >= 9
-    finally:
-        frames.Frame.take_run = real
+    monkeypatch.setattr(frames.Frame, "take_run", spy)
+    chunks = [delta(content=f"t{i} \"q\" \\") for i in range(40)]
+    data = sse(*chunks, STREAM[5], STREAM[6])
+    one = len(sse(chunks[0], done=False))
+    r = parse_stream(data, [one] + [one * 10 - 7, one * 10 + 7] * 2)
+    assert r.content == "".join(f"t{i} \"q\" \\" for i in range(40))
+    assert r.finish_reason == "stop" and r.usage["completion_tokens"] == 5
+    assert sum(taken) >= 30 and max(taken) >= 9
+    monkeypatch.undo()
     # a slot ending in a backslash escapes the frame's closing quote: the event loop's
     # verdict (the full parser's), not the run's
     good = orjson.dumps(delta(content="a"))
