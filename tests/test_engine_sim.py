@@ -549,9 +549,9 @@ def test_retry_failed_sends_failed_tasks_again(tmp_path, clean_sim):
 
 @pytest.mark.parametrize("cap", [3, 500_000])
 def test_dedupe_within_a_session_and_across_sessions(tmp_path, clean_sim, monkeypatch, cap):
-    from specgen.engine import scheduler
+    from specgen.engine import admission
 
-    monkeypatch.setattr(scheduler, "SEEN_CAP", cap)  # 3: past the cap, the store decides
+    monkeypatch.setattr(admission, "SEEN_CAP", cap)  # 3: past the cap, the store decides
     rows = prompt_rows(10)
     write_jsonl(tmp_path / "a.jsonl", rows + rows[:4])
     path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}])

@@ -252,7 +252,7 @@ def test_writer_holds_a_refused_batch_and_commits_it_once_there_is_room(small_di
         b.datasets["a"] = dataset_row(30)
         b.meta["k"] = "old"
         add_answers(b, range(10, 30))
-        b.quarantine.append((99, "a", "p1", "bad", None, 1.0))
+        b.quarantine.append((99, "a", "p1", "bad", None, 1.0, None))
         b.invalid_rows.append(("a", 7, 8, "not json"))
         b.session = (100.0, "running", None, None, 1)
         writer.uncommitted_convs.update(("a", f"c{i}") for i in range(10, 30))

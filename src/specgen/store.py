@@ -24,6 +24,16 @@ from typing import Any
 import orjson
 
 from .display import UNKNOWN_PROVIDER
+from .records import (
+    AttemptRecord,
+    ConversationRecord,
+    DatasetRecord,
+    EventRecord,
+    InvalidRowRecord,
+    QuarantineRecord,
+    ResultRecord,
+    TaskRecord,
+)
 
 SCHEMA_VERSION = 1
 STORE_FILE = "state.sqlite"
@@ -72,7 +82,7 @@ CREATE TABLE IF NOT EXISTS results(
 CREATE INDEX IF NOT EXISTS results_conversation ON results(conversation, turn);
 CREATE TABLE IF NOT EXISTS quarantine(
   id INTEGER PRIMARY KEY, task INTEGER, dataset TEXT, provider TEXT, reason TEXT NOT NULL,
-  response BLOB, created_at REAL);
+  response BLOB, created_at REAL, detail TEXT);
 -- Running totals of attempts per (dataset, provider, outcome), kept by a trigger so every
 -- writer (the engine, merge) keeps them right; status and resume read them instead of
 -- scanning millions of attempts.
@@ -100,6 +110,7 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "results": (("count_check", "TEXT"), ("tool_matches", "TEXT"), ("quantization", "TEXT"),
                 ("sampling", "TEXT")),
     "attempts": (("first_token_at", "REAL"),),
+    "quarantine": (("detail", "TEXT"),),
 }
 
 
@@ -582,45 +593,25 @@ class Store:
                     "INSERT INTO meta(key, value) VALUES(?, ?) "
                     "ON CONFLICT(key) DO UPDATE SET value=excluded.value", batch.meta.items())
             if batch.datasets:
-                c.executemany(
-                    f"INSERT INTO datasets({DATASET_COLUMNS}) VALUES({_marks(DATASET_COLUMNS)}) "
-                    "ON CONFLICT(name) DO UPDATE SET "
-                    + ", ".join(f"{k}=excluded.{k}" for k in _cols(DATASET_COLUMNS)[1:]),
-                    batch.datasets.values())
+                c.executemany(_INSERT_DATASET, batch.datasets.values())
             if batch.conversations:
-                c.executemany(
-                    "INSERT INTO conversations(id, dataset, conv_id, row_index, status, "
-                    "end_reason, data) VALUES(?, ?, ?, ?, ?, ?, ?)", batch.conversations)
+                c.executemany(_INSERT_CONVERSATION, batch.conversations)
             if batch.conv_status:
                 c.executemany(
                     "UPDATE conversations SET status=?, end_reason=? WHERE id=?",
                     [(st, reason, cid) for cid, (st, reason) in batch.conv_status.items()])
             if batch.tasks:
-                c.executemany(
-                    "INSERT INTO tasks(id, conversation, dataset, turn, status, attempts, error) "
-                    "VALUES(?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                    "status=excluded.status, attempts=excluded.attempts, error=excluded.error",
-                    batch.tasks.values())
+                c.executemany(_INSERT_TASK, batch.tasks.values())
             if batch.attempts:
-                c.executemany(
-                    f"INSERT INTO attempts({ATTEMPT_COLUMNS}) VALUES({_marks(ATTEMPT_COLUMNS)})",
-                    batch.attempts)
+                c.executemany(_INSERT_ATTEMPT, batch.attempts)
             if batch.results:
-                c.executemany(
-                    f"INSERT INTO results({RESULT_INSERT_COLUMNS}) "
-                    f"VALUES({_marks(RESULT_INSERT_COLUMNS)})", batch.results)
+                c.executemany(_INSERT_RESULT, batch.results)
             if batch.quarantine:
-                c.executemany(
-                    "INSERT INTO quarantine(task, dataset, provider, reason, response, created_at) "
-                    "VALUES(?, ?, ?, ?, ?, ?)", batch.quarantine)
+                c.executemany(_INSERT_QUARANTINE, batch.quarantine)
             if batch.invalid_rows:
-                c.executemany(
-                    "INSERT OR REPLACE INTO invalid_rows(dataset, row_index, line, reason) "
-                    "VALUES(?, ?, ?, ?)", batch.invalid_rows)
+                c.executemany(_INSERT_INVALID_ROW, batch.invalid_rows)
             if batch.events:
-                c.executemany(
-                    "INSERT INTO events(ts, session, kind, dataset, provider, detail) "
-                    "VALUES(?, ?, ?, ?, ?, ?)", batch.events)
+                c.executemany(_INSERT_EVENT, batch.events)
             if batch.session is not None:
                 c.execute(
                     "UPDATE sessions SET heartbeat_at=?, state=?, stop_reason=?, ended_at=? "
@@ -865,21 +856,14 @@ _TOTALS_FROM_ATTEMPTS = (
 
 
 # -- batched writes ---------------------------------------------------------------------------
-DATASET_COLUMNS = (
-    "name, position, path, format, rows_read, rows_invalid, rows_duplicate, rows_other_shard, "
-    "exhausted, state, config_hash"
-)
-ATTEMPT_COLUMNS = (
-    "task, session, base_url, provider, model, started_at, first_byte_at, ended_at, outcome, "
-    "http_status, error, prompt_tokens, completion_tokens, cost_usd, generation_id, dataset, "
-    "first_token_at"
-)
-RESULT_INSERT_COLUMNS = (
-    "task, conversation, dataset, turn, provider, model, finish_reason, native_finish_reason, "
-    "request, message, input_ids, n_prompt, true_prompt_ids, true_completion_ids, "
-    "prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, repairs, latency_s, created_at, "
-    "count_check, tool_matches, quantization, sampling"
-)
+def columns(record: type) -> str:
+    """The column list of a record type (`specgen.records`): its fields, in order."""
+    return ", ".join(record._fields)
+
+
+DATASET_COLUMNS = columns(DatasetRecord)
+ATTEMPT_COLUMNS = columns(AttemptRecord)
+RESULT_INSERT_COLUMNS = columns(ResultRecord)
 
 
 def fsync_path(path: str | Path) -> None:
@@ -891,29 +875,47 @@ def fsync_path(path: str | Path) -> None:
         os.close(fd)
 
 
-def _cols(columns: str) -> list[str]:
-    return [c.strip() for c in columns.split(",")]
+def _cols(names: str) -> list[str]:
+    return [c.strip() for c in names.split(",")]
 
 
-def _marks(columns: str) -> str:
-    return ", ".join("?" * len(_cols(columns)))
+def _insert(table: str, record: type, suffix: str = "", verb: str = "INSERT") -> str:
+    """INSERT of one record type's row, by field name."""
+    return (f"{verb} INTO {table}({columns(record)}) "
+            f"VALUES({', '.join('?' * len(record._fields))}){suffix}")
+
+
+def _upsert_suffix(record: type, key: str, fields: tuple[str, ...] | None = None) -> str:
+    names = fields or tuple(f for f in record._fields if f != key)
+    return f" ON CONFLICT({key}) DO UPDATE SET " + ", ".join(f"{k}=excluded.{k}" for k in names)
+
+
+_INSERT_DATASET = _insert("datasets", DatasetRecord, _upsert_suffix(DatasetRecord, "name"))
+_INSERT_CONVERSATION = _insert("conversations", ConversationRecord)
+_INSERT_TASK = _insert("tasks", TaskRecord,
+                       _upsert_suffix(TaskRecord, "id", ("status", "attempts", "error")))
+_INSERT_ATTEMPT = _insert("attempts", AttemptRecord)
+_INSERT_RESULT = _insert("results", ResultRecord)
+_INSERT_QUARANTINE = _insert("quarantine", QuarantineRecord)
+_INSERT_EVENT = _insert("events", EventRecord)
+_INSERT_INVALID_ROW = _insert("invalid_rows", InvalidRowRecord, verb="INSERT OR REPLACE")
 
 
 @dataclass(slots=True)
 class Batch:
-    """Rows waiting for the next commit. Tuples follow the *_COLUMNS orders above; later
-    upserts of the same task / dataset / conversation status replace earlier ones."""
+    """Rows waiting for the next commit, as records (`specgen.records`); later upserts of the
+    same task / dataset / conversation status replace earlier ones."""
 
     meta: dict[str, str] = field(default_factory=dict)
-    datasets: dict[str, tuple] = field(default_factory=dict)
-    conversations: list[tuple] = field(default_factory=list)  # (id, dataset, conv_id, row, status, reason, data)
+    datasets: dict[str, DatasetRecord] = field(default_factory=dict)
+    conversations: list[ConversationRecord] = field(default_factory=list)
     conv_status: dict[int, tuple[str, str | None]] = field(default_factory=dict)
-    tasks: dict[int, tuple] = field(default_factory=dict)  # id -> (id, conv, dataset, turn, status, attempts, error)
-    attempts: list[tuple] = field(default_factory=list)
-    results: list[tuple] = field(default_factory=list)
-    quarantine: list[tuple] = field(default_factory=list)
-    invalid_rows: list[tuple] = field(default_factory=list)
-    events: list[tuple] = field(default_factory=list)
+    tasks: dict[int, TaskRecord] = field(default_factory=dict)
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    results: list[ResultRecord] = field(default_factory=list)
+    quarantine: list[QuarantineRecord] = field(default_factory=list)
+    invalid_rows: list[InvalidRowRecord] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
     session: tuple | None = None  # (heartbeat_at, state, stop_reason, ended_at, session id)
 
     def __len__(self) -> int:

@@ -12,7 +12,7 @@ requests in flight.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Verdict = Literal["ok", "wait", "tokens_exhausted", "cost_exhausted"]
 
@@ -60,6 +60,16 @@ def resolve_prices(
     source = "+".join(s for s, on in (("config", from_config), ("endpoints", from_endpoints))
                       if on) or "unknown"
     return Prices(prompt, completion, source)
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one attempt was charged: its usage as the provider reported it, its cost as
+    reported (or computed from known prices; None when neither is known)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
 
 
 @dataclass(slots=True)
@@ -143,3 +153,14 @@ class Budget:
         if reported is not None:
             return reported
         return self.prices.cost(prompt_tokens, completion_tokens)
+
+    def charge_usage(self, dataset: str, usage: dict[str, Any]) -> Charge:
+        """Charge one attempt's `usage` (tokens, and its cost or the known prices') to its
+        dataset and the run."""
+        pt = int(usage.get("prompt_tokens") or 0)
+        ct = int(usage.get("completion_tokens") or 0)
+        reported = usage.get("cost")
+        reported = float(reported) if isinstance(reported, int | float) else None
+        cost = self.attempt_cost(pt, ct, reported)
+        self.charge(dataset, pt, ct, cost)
+        return Charge(pt, ct, cost)

@@ -75,3 +75,11 @@ class InFlightBudget:
         return {"unit": self.unit, "cap": None if self.cap is None else round(self.cap, 6),
                 "last_bound": None if self.bound is None else round(self.bound, 6),
                 "refusals": self.refusals}
+
+    def note(self, configured: int) -> str:
+        """What a 402 in_flight_budget taught, in words (for the event log and the log)."""
+        cap = ((f"${self.cap:.4f}" if self.unit == "usd" else f"{self.cap:,.0f} tokens")
+               if self.cap else "-")
+        return (f"402 in_flight_budget_exhausted: the account's in-flight budget holds about "
+                f"{self.limit_for(configured)} requests like these (estimated cost in "
+                f"flight kept under {cap}); concurrency follows it")

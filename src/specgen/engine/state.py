@@ -7,6 +7,9 @@ and the prompt ids (for the budget's worst case and for the sample).
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import time
 from array import array
 from collections import deque
 from collections.abc import Iterator
@@ -15,6 +18,7 @@ from typing import Any
 
 from ..config import DatasetConfig
 from ..conversation import AssistantMessage, Conversation, Message, Tool
+from ..records import DatasetRecord
 from ..sampling import SampleSettings
 from .budget import Reservation
 
@@ -74,10 +78,12 @@ class DsRun:
         lim = self.cfg.limit
         return lim is not None and self.prompts + self.rows_other_shard >= lim
 
-    def row(self) -> tuple:
-        return (self.name, self.position, str(self.cfg.path), self.cfg.format, self.rows_read,
-                self.rows_invalid, self.rows_duplicate, self.rows_other_shard,
-                int(self.exhausted), self.state, self.config_hash)
+    def row(self) -> DatasetRecord:
+        return DatasetRecord(
+            name=self.name, position=self.position, path=str(self.cfg.path),
+            format=self.cfg.format, rows_read=self.rows_read, rows_invalid=self.rows_invalid,
+            rows_duplicate=self.rows_duplicate, rows_other_shard=self.rows_other_shard,
+            exhausted=int(self.exhausted), state=self.state, config_hash=self.config_hash)
 
 
 @dataclass(slots=True, eq=False)
@@ -121,3 +127,35 @@ class Job:
     @property
     def ds(self) -> DsRun:
         return self.conv.ds
+
+
+class RetryQueue:
+    """Jobs waiting out a backoff: a heap by the time they are due."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Job]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, job: Job, delay: float) -> None:
+        job.not_before = time.monotonic() + delay
+        heapq.heappush(self._heap, (job.not_before, next(self._seq), job))
+
+    def pop_due(self) -> tuple[list[Job], float | None]:
+        """The jobs whose backoff is over, and the time until the next one is due (None when
+        none is left)."""
+        now = time.monotonic()
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            due.append(heapq.heappop(self._heap)[2])
+        return due, (self._heap[0][0] - now if self._heap else None)
+
+    def remove(self, ds: DsRun) -> list[Job]:
+        """Take out (and return) the waiting jobs of one dataset."""
+        gone = [item[2] for item in self._heap if item[2].ds is ds]
+        if gone:
+            self._heap = [item for item in self._heap if item[2].ds is not ds]
+            heapq.heapify(self._heap)
+        return gone

@@ -111,5 +111,17 @@ class RunStats:
             stats = self.providers[key] = ProviderStats()
         return stats
 
+    def billed(self, provider: str | None, prompt_tokens: int, completion_tokens: int,
+               cost_usd: float | None) -> ProviderStats:
+        """Count one attempt that reached a provider (an answer or an error) and what it
+        was charged; returns the provider's figures."""
+        self.completion_tokens += completion_tokens
+        p = self.provider(provider)
+        p.requests += 1
+        p.prompt_tokens += prompt_tokens
+        p.completion_tokens += completion_tokens
+        p.cost_usd += cost_usd or 0.0
+        return p
+
     def tick(self) -> None:
         self.rate.sample(self.answers, self.completion_tokens)

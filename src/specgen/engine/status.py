@@ -18,7 +18,7 @@ from ..display import path as tidy
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .providers import read_excluded
-from .scheduler import LIVE_FILE
+from .figures import LIVE_FILE
 from .status_queries import (
     conversation_counts,
     conversation_shapes,

@@ -1,0 +1,30 @@
+"""What the quality monitor learns from an answer's outcome (`quality.observe.Observation`)."""
+
+from __future__ import annotations
+
+from ...quality.observe import Observation
+from .attempt import Answer, AnswerContext
+from .outcomes import Fatal, Kept, Outcome, Quarantined
+
+
+def observation(a: Answer, outcome: Outcome, ctx: AnswerContext) -> Observation:
+    job, resp = a.job, a.resp
+    if isinstance(outcome, Kept):
+        kind, reason = "ok", None
+    elif isinstance(outcome, Quarantined):
+        kind, reason = "quarantined", outcome.reason
+    else:
+        rejected = outcome.rejected if isinstance(outcome, Fatal) else outcome
+        kind, reason = "rejected", rejected.reason if rejected is not None else None
+    message = a.message if kind == "ok" else None
+    judged = a.count_check if a.settled and kind != "rejected" else None
+    return Observation.of_answer(
+        provider=resp.provider, dataset=job.ds.name, task=job.task_id, outcome=kind,
+        reason=reason, tools_offered=bool(job.tools), content=resp.content,
+        reasoning=resp.reasoning, api_calls=bool(resp.tool_calls),
+        message_calls=None if message is None else bool(message.tool_calls),
+        repairs=a.repairs if kind == "ok" else (), count_check=judged,
+        finish_reason=resp.finish_reason,
+        quantization_mismatch=ctx.policy.quantization_mismatch(resp.provider,
+                                                               resp.quantization),
+        after_tool_result=bool(job.messages) and job.messages[-1].get("role") == "tool")

@@ -1,0 +1,67 @@
+"""The answer path: every answer passes the stages below, in order (docs/design.md, "How an
+answer travels").
+
+    accept ─► normalise ─► witness ─► quality ─► record
+
+Each stage is a module with one entry point, `check(answer, context)`, that fills in its part
+of the `Answer` and returns an outcome (`Kept`, `Quarantined`, `Rejected`, `Fatal`) to end the
+journey, or None to go on; `record` always ends it with `Kept`. A new rule about answers is a
+new stage module and one line in `STAGES`. After the stages, the rejection breaker may turn a
+rejection into `Fatal`, and the quality monitor observes the outcome (its exclusions and
+alarms are handed back for the engine to carry out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...client.types import ChatResponse
+from ...quality.monitor import Decision, QualityMonitor
+from ..budget import Charge
+from ..state import Job
+from . import accept, normalise, quality, record, witness
+from .attempt import Answer, AnswerContext
+from .observe import observation
+from .outcomes import Outcome
+
+Stage = Callable[[Answer, AnswerContext], Outcome | None]
+
+STAGES: tuple[Stage, ...] = (
+    accept.check,  # provider, quantization and model allowed?
+    normalise.check,  # the assistant message and the sampled ids, or a quarantine reason
+    witness.check,  # what the provider's own counts say of the ids (and count repairs)
+    quality.check,  # what the [quality] policy makes of that verdict
+    record.check,  # the results row
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Processed:
+    answer: Answer
+    outcome: Outcome
+    decisions: tuple[Decision, ...]  # exclusions and alarms the monitor asks for
+
+
+class AnswerPipeline:
+    """Runs each answer through `stages`; `process` is the one entry point."""
+
+    def __init__(self, ctx: AnswerContext, monitor: QualityMonitor,
+                 stages: tuple[Stage, ...] = STAGES):
+        self.ctx = ctx
+        self.monitor = monitor
+        self.stages = stages
+        self.breaker = accept.RejectionBreaker()
+
+    def process(self, job: Job, resp: ChatResponse, charge: Charge) -> Processed:
+        a = Answer(job=job, resp=resp, charge=charge)
+        outcome: Outcome | None = None
+        for stage in self.stages:
+            outcome = stage(a, self.ctx)
+            if outcome is not None:
+                break
+        if outcome is None:
+            raise RuntimeError("the answer path ended without an outcome (no record stage)")
+        outcome = self.breaker.judge(outcome)
+        decisions = self.monitor.observe(observation(a, outcome, self.ctx))
+        return Processed(a, outcome, tuple(decisions))

@@ -1,0 +1,142 @@
+"""Stage 3, witness: what the provider's own token counts say of the rebuilt ids.
+
+Token-in mode is exact by construction (our prompt ids, the server's sampled ids): `true_ids`.
+A backend that returned its own ids makes them the sample (`true_ids`), and the witness's
+verdict on ours is kept among the repairs (`witness:<check>`) so verify can measure it. Any
+other hosted answer is judged by `specgen.quality.witness.CountWitness` against its `usage`:
+`exact`, `repaired` (a count-guided repair of the completion — re-serialised arguments,
+inserted whitespace, repeated stream events — or of the prompt — the history as a serving
+stack renders it), `unverified` or `mismatch`. This stage only measures; what a verdict means
+for the sample is the quality stage's call (`answer.quality`).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from ...display import UNKNOWN_PROVIDER
+from ...quality.repairs import candidates as repair_candidates
+from ...quality.repairs import count_repair, dedup_repair, prompt_repair
+from ...quality.witness import Verdict
+from ...render.serving import history_as_served, may_be_served_differently, reserialized_history
+from .attempt import Answer, AnswerContext, Note
+from .outcomes import Outcome
+
+
+def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
+    if ctx.tokens_mode:
+        _token_in(a)
+        return None
+    verdict = judge(a, ctx)
+    a.verdict = verdict
+    check_ = verdict.check
+    if check_ == "repaired":
+        if verdict.message is not None:
+            a.message, a.completion = verdict.message, verdict.ids
+        if verdict.prompt_ids is not None:  # the model saw another prompt: that one
+            a.prompt_ids = array("I", verdict.prompt_ids)
+            a.prompt_messages = verdict.prompt_messages
+        a.repairs += [f"count:{name}" for name in verdict.repairs]
+    resp = a.resp
+    if resp.prompt_token_ids is not None and resp.completion_token_ids is not None:
+        # the backend's own ids are the sample; the witness's verdict on ours is kept
+        # so that verify can measure the witness against the truth
+        a.repairs.append(f"witness:{check_}")
+        check_ = "true_ids"
+    a.count_check = check_
+    return None
+
+
+def _token_in(a: Answer) -> None:
+    """Exact by construction: the prompt was ours, the ids are the server's. The re-render
+    of the parsed message is what the next turn's history holds; a difference is flagged."""
+    job = a.job
+    a.resp.prompt_token_ids = list(job.prompt_ids)
+    a.resp.completion_token_ids = a.completion
+    a.verdict = Verdict("true_ids", "token-in")
+    a.count_check = "true_ids"
+    if not a.truncated and job.renderer.completion_ids(
+            a.message, context=job.messages, tools=job.tools) != a.completion:
+        a.repairs.append("flag:rerender_differs")
+
+
+def judge(a: Answer, ctx: AnswerContext) -> Verdict:
+    """The count witness's verdict on the answer's ids, with the repairs it may take."""
+    if not ctx.cfg.quality.count_witness:
+        return Verdict("unverified", "count witness off ([quality] count_witness)")
+    job, resp, message = a.job, a.resp, a.message
+    repair = None
+    restyled = repair_candidates(message)
+    if a.truncated or not (restyled or resp.duplicates):
+        # nothing a provider could have transformed (or a cut answer): a plain answer
+        if a.truncated:
+            return Verdict("unverified", "cut at max_tokens: counts not judged")
+    else:
+        def render(m):
+            return job.renderer.completion_ids(m, context=job.messages, tools=job.tools)
+
+        def rebuild(candidate):
+            try:
+                m = ctx.stages.normalize(candidate, tools=job.tools, renderer=job.renderer,
+                                         on_length=job.ds.cfg.on_length,
+                                         messages=job.messages).message
+            except Exception:  # noqa: BLE001 - quarantined, unrenderable or a normaliser
+                return None  # bug: no candidate (the answer itself was normalised fine)
+            return m, render(m)
+
+        def repair(target: int):
+            fits = [fix for fix in (
+                count_repair(message, target, render) if restyled else None,
+                dedup_repair(resp, target, rebuild) if resp.duplicates else None)
+                if fix is not None]
+            if fits and all(f[1] == fits[0][1] for f in fits):
+                return fits[0]  # one result, however it is reached
+            return None  # none, or two that fit with other ids: ambiguous
+    prompt_fix = None
+    chosen: list = []
+    candidates = served_candidates(job)
+    if candidates:  # a history a serving stack would render otherwise: not a plain prompt
+        def prompt_fix(target: int):
+            fit = prompt_repair(candidates, target,
+                                lambda msgs: job.renderer.prompt_ids(msgs, job.tools))
+            if fit is None:
+                return None
+            chosen.append(fit[2])
+            return fit[0], fit[1]
+    key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
+    verdict = ctx.witness.judge(key, prompt=len(job.prompt_ids), completion=len(a.completion),
+                                usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix)
+    if chosen and verdict.prompt_ids is not None:
+        verdict.prompt_messages = chosen[-1]
+    if verdict.check == "exact" and resp.duplicates and dedup_repair(
+            resp, len(a.completion), rebuild) is not None:
+        # a repeated event whose text does not change the count: with it or without it
+        # the counts agree, so they cannot vouch for either
+        return Verdict("unverified", "a repeated stream event the counts cannot judge "
+                                     "(they agree with and without it)")
+    if verdict.check == "unverified" and ctx.witness.unusable(key):
+        a.notes.append(Note("counts_unusable",
+                            f"{key}'s token counts never settle on a constant offset against "
+                            "ours: they are no witness, its samples are unverified"))
+    return verdict
+
+
+def served_candidates(job) -> list[tuple[str, list]]:
+    """The histories a hosted provider's stack may have rendered instead of ours (render.
+    serving), each named as its repair, when it renders other text than ours."""
+    messages = job.messages
+    if not may_be_served_differently(messages):
+        return []
+    out = []
+    if (args := reserialized_history(messages)) is not None:
+        out.append(("history_reserialized", args))
+    for stack in ("vllm", "sglang"):
+        served = history_as_served(messages, stack, job.renderer.content_format(stack))
+        if served is not None:
+            out.append((f"history_served_{stack}", served))
+    if not out:
+        return []
+    text = job.renderer.render_text
+    ours = text(messages, job.tools, add_generation_prompt=True)
+    return [(n, m) for n, m in out
+            if text(m, job.tools, add_generation_prompt=True) != ours]

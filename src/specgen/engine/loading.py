@@ -1,0 +1,95 @@
+"""Resume: rebuild a session's in-memory state from the store — the datasets' cursors and
+counters, their spend, the providers' learnt count offsets and exclusions, failed tasks by
+class, and the conversations left open (each asked for its next request again)."""
+
+from __future__ import annotations
+
+import logging
+
+from ..conversation import AssistantMessage, Conversation
+from ..store import unpack_json
+from .progress import RowCounter
+from .providers import read_excluded
+from .state import Conv, DsRun
+from .status_queries import failed_tasks_by_class, vouched_deltas
+
+log = logging.getLogger("specgen.engine")
+
+
+def load(engine, *, retry_failed: bool = False) -> None:
+    """Fill a new `Engine` from its store (see the module docstring)."""
+    store, cfg = engine.store, engine.cfg
+    names = [d.name for d in cfg.datasets]
+    if retry_failed:
+        n = store.reset_failed_tasks(names)
+        if n:
+            log.info("--retry-failed: %d failed task(s) made pending again", n)
+    engine.failed_classes.update({k: v["count"] for k, v in failed_tasks_by_class(
+        store, names).items()})
+    for provider, dp, dc in vouched_deltas(store):
+        engine.witness.seed(provider, dp, dc)
+    _load_exclusions(engine)
+    _load_datasets(engine)
+    book = engine.book
+    book.next_conv = store.max_id("conversations")
+    book.next_task = store.max_id("tasks")
+    for cid, dsname, _conv_id, row_index, status, data in store.open_conversations():
+        ds = engine.by_name.get(dsname)
+        if ds is None:
+            continue  # dataset removed from the config: left as it is
+        conv = Conv(id=cid, ds=ds, conv=Conversation.from_json(unpack_json(data)),
+                    row_index=row_index, status=status)
+        conv.answers = {t: AssistantMessage.from_openai(m)
+                        for t, m in store.answers_of(cid).items()}
+        book.hold(conv)
+        book.advance(conv, known_tasks=store.tasks_of(cid))
+    for ds in engine.datasets:
+        book.refresh_state(ds)
+        engine.row_counters[ds.name] = RowCounter(ds.cfg.path, ds.cfg.split)
+
+
+def _load_exclusions(engine) -> None:
+    for name, info in read_excluded(engine.store.meta()).items():
+        engine.policy.exclude(name, info)
+        engine.quality.policing.mark(name, True)
+    if engine.policy.excluded:
+        log.warning("excluded providers (from earlier sessions): %s; `specgen provider %s "
+                    "--allow NAME` puts one back", ", ".join(engine.policy.excluded),
+                    engine.store.path.parent)
+        engine.steering.check_routable()
+
+
+def _load_datasets(engine) -> None:
+    store, cfg = engine.store, engine.cfg
+    table = store.datasets_table()
+    task_counts = store.task_counts()
+    conv_counts = store.conversation_counts()
+    spend = store.spend()
+    for pos, dcfg in enumerate(cfg.datasets):
+        old = table.get(dcfg.name, {})
+        ds = DsRun(cfg=dcfg, position=pos, max_tokens=cfg.max_tokens_for(dcfg),
+                   config_hash=cfg.dataset_result_hash(dcfg))
+        ds.rows_read = old.get("rows_read", 0)
+        ds.rows_invalid = old.get("rows_invalid", 0)
+        ds.rows_duplicate = old.get("rows_duplicate", 0)
+        ds.rows_other_shard = old.get("rows_other_shard", 0)
+        # A source read to its end before is read again from its cursor: rows appended
+        # since then are picked up (skipping the rows read costs little, in a thread).
+        ds.exhausted = False
+        ds.tasks = dict(task_counts.get(dcfg.name, {}))
+        ds.convs_by_status = dict(conv_counts.get(dcfg.name, {}))
+        ds.conversations = sum(ds.convs_by_status.values())
+        ds.prompts = (ds.conversations if dcfg.n == 1
+                      else store.prompts_admitted(dcfg.name))
+        ds.stored_at_start = ds.conversations > 0
+        s = spend.get(dcfg.name, {})
+        engine.budget.add_dataset(
+            dcfg.name, dcfg.token_budget, prompt_tokens=int(s.get("prompt_tokens", 0)),
+            completion_tokens=int(s.get("completion_tokens", 0)),
+            cost_usd=float(s.get("cost_usd", 0.0)))
+        engine.datasets.append(ds)
+        engine.by_name[dcfg.name] = ds
+    # Spend of datasets no longer in the config still counts against the run's dollar cap.
+    for name, s in spend.items():
+        if name not in engine.by_name and name is not None:
+            engine.budget.cost_usd += float(s.get("cost_usd", 0.0))

@@ -1,0 +1,80 @@
+"""The session's periodic work, a few times a second: requests from other shells, rates and
+the ETA, the heartbeat and `live.json`, and the batched commit of everything recorded since
+the last one (with the store guard's verdict on it). At the end, `settle_store` commits the
+last rows, waiting out a store problem as long as store_error_timeout allows."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from .figures import write_live_file
+from .store_guard import rescue_results
+
+log = logging.getLogger("specgen.engine")
+
+
+async def tick(engine, on_tick=None) -> None:
+    """Run the periodic work until cancelled; a failure in it stops the run."""
+    try:
+        await _tick_forever(engine, on_tick)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("periodic work failed")
+        engine.stop.fail(f"internal error in the store writer: {exc!r}", event=None,
+                         logged=False)
+        engine.stop.now.set()
+
+
+async def _tick_forever(engine, on_tick) -> None:
+    eng, writer = engine.cfg.engine, engine.writer
+    last_beat = 0.0
+    while True:
+        await asyncio.sleep(min(eng.commit_interval, 0.25))
+        now = time.monotonic()
+        engine.steering.poll()
+        engine.stats.tick()
+        engine.eta.sample(sum(ds.tasks.get("done", 0) + ds.tasks.get("failed", 0)
+                              + ds.tasks.get("quarantined", 0) for ds in engine.datasets))
+        if now - last_beat >= eng.heartbeat_interval:
+            last_beat = now
+            writer.batch.session = (time.time(), "running", None, None, engine.session_id)
+            write_live_file(engine, engine.run_dir)
+        if writer.due() or writer.batch.session is not None:
+            engine.book.stage_datasets(engine.datasets)
+            after_commit(engine, await writer.flush_async())
+        if on_tick is not None:
+            on_tick()
+
+
+def after_commit(engine, flushed: bool) -> None:
+    verdict = engine.store_guard.check(flushed)
+    if verdict.note:
+        engine.events.add("store", None, None, verdict.note)
+    if verdict.stop:
+        engine.stop.request(verdict.stop, kind="store")
+    elif verdict.halt is None and flushed:
+        engine.wake()
+
+
+async def settle_store(engine) -> None:
+    """Commit the session's last rows, waiting out a store problem as long as
+    store_error_timeout allows; what cannot be committed is written to a rescue file."""
+    writer = engine.writer
+    while True:
+        engine.book.stage_datasets(engine.datasets)
+        if await writer.flush_async():
+            return
+        verdict = engine.store_guard.check(False)
+        if verdict.stop or engine.stop.stopping == "now":
+            break
+        await asyncio.sleep(1.0)
+    held = writer.held_results
+    where = rescue_results(writer.batch, engine.run_dir, engine.session_id)
+    saved = f"; they were written to {where}" if where else ""
+    problem = writer.problem
+    engine.stop.fatal = (f"store error: {problem.message if problem else 'commit failed'}; "
+                         f"{held} answer(s) could not be committed{saved}")
+    log.error("%s", engine.stop.fatal)
