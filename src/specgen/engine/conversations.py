@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from ..conversation import Conversation
+from ..client.retry import backoff_delay
+from ..config import EndpointConfig
+from ..conversation import AssistantMessage, Conversation
 from ..records import ConversationRecord, TaskRecord
 from ..render import RenderError
 from ..store import pack_json
@@ -18,7 +20,7 @@ from .events import EventLog
 from .jobs import JobBuilder
 from .progress import tasks_of_closed
 from .stages import Stages
-from .state import Conv, DsRun, RetryQueue
+from .state import Conv, DsRun, Job, RetryQueue
 from .writer import StoreWriter
 
 log = logging.getLogger("specgen.engine")
@@ -26,8 +28,10 @@ log = logging.getLogger("specgen.engine")
 
 class Conversations:
     def __init__(self, stages: Stages, jobs: JobBuilder, writer: StoreWriter,
-                 events: EventLog, retries: RetryQueue, failed_classes: Counter):
+                 events: EventLog, retries: RetryQueue, failed_classes: Counter,
+                 endpoint: EndpointConfig):
         self.stages = stages
+        self.endpoint = endpoint  # max_attempts, quarantine_retries, retry delays
         self.jobs = jobs
         self.writer = writer
         self.events = events
@@ -114,6 +118,56 @@ class Conversations:
         self.writer.batch.tasks[task_id] = TaskRecord(
             id=task_id, conversation=c.id, dataset=c.ds.name, turn=turn, status=status,
             attempts=attempts, error=error)
+
+    # -- a task's end, or its next try -------------------------------------------------------
+    def task_done(self, job: Job, message: AssistantMessage) -> None:
+        """The task's answer was kept: the conversation goes on to its next request (before
+        new conversations start)."""
+        ds, c = job.ds, job.conv
+        self.task_row(job.task_id, c, job.turn, "done", job.attempts, None)
+        ds.bump("pending", -1)
+        ds.bump("done")
+        c.answers[job.turn] = message
+        self.set_status(c, "active")
+        self.advance(c)
+        if ds.ready and ds.ready[-1].conv is c:
+            ds.ready.rotate(1)  # continue this conversation before starting new ones
+
+    def task_quarantined(self, job: Job, reason: str) -> None:
+        """An answer was quarantined: the task is tried again while its quarantine retries
+        last, then it ends the conversation early."""
+        if job.quarantines < self.endpoint.quarantine_retries:
+            job.quarantines += 1
+            job.last_error = f"quarantined: {reason}"
+            self.retry_or_fail(job, "quarantined")
+            return
+        self.task_row(job.task_id, job.conv, job.turn, "quarantined", job.attempts,
+                      f"quarantined:{reason}")
+        job.ds.bump("pending", -1)
+        job.ds.bump("quarantined")
+        self.close(job.conv, "ended", f"quarantined:{reason}")
+
+    def retry_or_fail(self, job: Job, kind: str) -> None:
+        """Retry a rejected or quarantined answer, unless the task is out of attempts."""
+        ep = self.endpoint
+        if job.attempts >= ep.max_attempts:
+            self.fail(job, kind, f"gave up after {job.attempts} attempts; last: {job.last_error}")
+            return
+        self.retry_later(job, backoff_delay(job.attempts, base=ep.retry_base_delay,
+                                            cap=ep.retry_max_delay))
+
+    def retry_later(self, job: Job, delay: float) -> None:
+        self.task_row(job.task_id, job.conv, job.turn, "pending", job.attempts, job.last_error)
+        self.retries.push(job, delay)
+
+    def fail(self, job: Job, kind: str, error: str | None) -> None:
+        """The task failed (`kind`: its error class), and with it the conversation."""
+        self.failed_classes[kind] += 1
+        reason = f"{kind}: {error}" if error and not error.startswith(kind) else (error or kind)
+        self.task_row(job.task_id, job.conv, job.turn, "failed", job.attempts, reason)
+        job.ds.bump("pending", -1)
+        job.ds.bump("failed")
+        self.close(job.conv, "failed", f"failed:{kind}")
 
     # -- closing ----------------------------------------------------------------------------
     def close(self, c: Conv, status: str, reason: str | None) -> None:

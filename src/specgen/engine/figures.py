@@ -44,24 +44,6 @@ def progress_json(engine) -> dict[str, Any]:
     }
 
 
-def concurrency(engine) -> tuple[int, str | None]:
-    """The in-flight limit now, and why it is below the configured one (None if not)."""
-    limit, why = engine.limit.limit, None
-    if limit < engine.limit.maximum:
-        why = f"adaptive: {engine.limit.last_reason or 'congestion'} answers"
-    fits = engine.spend_window.limit_for(engine.limit.maximum)
-    if fits < limit:
-        limit, why = fits, "the account's in-flight spending budget (402 in_flight_budget)"
-    state = engine.health.to_json()
-    if state["state"] == "down":
-        limit, why = 1, f"endpoint down ({state.get('reason')}): one probe at a time"
-    elif state["state"] == "paused":
-        limit, why = 0, f"paused: {state.get('reason')}"
-    if engine.store_guard.holding:
-        limit, why = 0, f"store: {engine.store_guard.holding}"
-    return limit, why
-
-
 def store_problem(writer) -> dict[str, Any] | None:
     p = writer.problem
     if p is None:
@@ -73,7 +55,7 @@ def store_problem(writer) -> dict[str, Any] | None:
 def live_figures(engine) -> dict[str, Any]:
     """Everything `live.json` holds."""
     rps, tps = engine.stats.rate.rates()
-    limit, reason = concurrency(engine)
+    limit, reason = engine.concurrency()
     return {
         "session": engine.session_id, "ts": time.time(), "stopping": engine.stopping,
         "in_flight": len(engine.inflight), "concurrency_limit": limit,

@@ -47,3 +47,19 @@ def decide(*, fatal: str | None, stopping: str | None, stop_reason: str | None,
             reason += f"; {done_note}"
         return Outcome("incomplete", reason, EXIT_INCOMPLETE)
     return Outcome("finished", done_note or "all datasets done", EXIT_OK)
+
+
+def session_outcome(datasets, stop, failed: dict[str, int]) -> Outcome:
+    """The outcome of a session from its datasets' states (`state.DsRun`), its stop state
+    (`stop.StopState`) and the failed tasks by class."""
+    reached = []
+    for state, label in (("budget_reached", "budget reached"),
+                         ("limit_reached", "limit reached")):
+        names = [ds.name for ds in datasets if ds.state == state]
+        if names:
+            reached.append(f"{label}: {', '.join(names)}")
+    return decide(
+        fatal=stop.fatal, stopping=stop.stopping, stop_reason=stop.reason,
+        pending=sum(ds.tasks.get("pending", 0) for ds in datasets),
+        failed=failed, done_note="; ".join(reached),
+        paused={ds.name: ds.paused for ds in datasets if ds.paused is not None})

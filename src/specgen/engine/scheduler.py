@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..client.retry import backoff_delay
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
 from ..quality.monitor import QualityMonitor
@@ -29,21 +28,19 @@ from ..records import AttemptRecord
 from ..render import Renderer
 from ..request import request_dialect, with_max_tokens
 from ..store import Store
-from . import figures, loading, periodic
+from . import attempts, figures, loading, periodic
 from .admission import Admission
 from .answer.attempt import AnswerContext
 from .answer.outcomes import Fatal, Kept, Quarantined, Rejected
 from .answer.pipeline import AnswerPipeline
 from .answer.record import quarantine_record
 from .budget import Budget, Charge
-from .concurrency import AdaptiveLimit
 from .conversations import Conversations
 from .events import EventLog
-from .inflight_budget import InFlightBudget
 from .jobs import JobBuilder
+from .limits import Limits
 from .model_check import ModelCheck
-from .outage import EndpointHealth
-from .outcome import Outcome, decide
+from .outcome import Outcome, session_outcome
 from .policy import ProviderPolicy
 from .progress import EtaEstimator, RowCounter
 from .retry import RetryPolicy
@@ -80,20 +77,27 @@ class Engine:
         ep, eng = cfg.endpoint, cfg.engine
         self.tokens_mode = ep.tokens_mode and stages.build_token_request is not None
         self.token_api = ep.token_api_name
-        self.limit = AdaptiveLimit(ep.concurrency, ep.min_concurrency,
-                                   enabled=ep.adaptive_concurrency)
         self.retry_policy = RetryPolicy(ep, retry_after_cap=eng.retry_after_cap,
                                         shrink_max_tokens=cfg.budget.shrink_max_tokens)
-        self.health = EndpointHealth(outage_timeout=eng.outage_timeout,
-                                     probe_max=ep.outage_probe_max)
-        self.spend_window = InFlightBudget("usd" if budget.prices.known else "tokens")
         self.witness = CountWitness()
         self.quality = QualityMonitor(cfg.quality)  # policing and alarms (they decide)
+        self.threaded_commits = threaded_commits
         # exclusions reach the API as provider.ignore (OpenRouter's routing, the simulator's)
         self.routes_providers = (not self.tokens_mode
                                  and request_dialect(cfg, dialect_url) == "openrouter")
+        self._assemble(ballast=ballast, dialect_url=dialect_url, drain_timeout=drain_timeout,
+                       renderer_for=renderer_for or (lambda _thinking: renderer))
+        self.final_state: str | None = None  # set when the session ends
+        self._running = False  # dispatching (finished attempts top up the slots)
+        self.started_at = time.time()
+
+    def _assemble(self, *, ballast, dialect_url: str | None, drain_timeout: float | None,
+                  renderer_for: Callable[[bool], Renderer]) -> None:
+        """The session's parts, each with what it needs of the others."""
+        cfg, store, stages = self.cfg, self.store, self.stages
+        ep, eng = cfg.endpoint, cfg.engine
         self.writer = StoreWriter(store, interval=eng.commit_interval,
-                                  max_rows=eng.commit_rows, threaded=threaded_commits)
+                                  max_rows=eng.commit_rows, threaded=self.threaded_commits)
         self.store_guard = StoreGuard(self.writer, store, ballast=ballast,
                                       timeout=eng.store_error_timeout)
         self.stats = RunStats()
@@ -107,29 +111,28 @@ class Engine:
         self.retries = RetryQueue()
         self.failed_classes: Counter[str] = Counter()  # failed tasks by class, all sessions
         self._wake = asyncio.Event()
-        self.events = EventLog(self.writer, session_id)
+        self.events = EventLog(self.writer, self.session_id)
+        self.limits = Limits(cfg, self.events, prices_known=self.budget.prices.known)
+        self.limit, self.health = self.limits.adaptive, self.limits.health
+        self.spend_window = self.limits.spend_window
         self.stop = StopState(
             self.events, drain_timeout=eng.drain_timeout if drain_timeout is None
             else drain_timeout, in_flight=lambda: len(self.inflight), wake=self.wake)
         jobs = JobBuilder(cfg, stages, tokens_mode=self.tokens_mode, dialect_url=dialect_url,
-                          renderer_for=renderer_for or (lambda _thinking: renderer))
+                          renderer_for=renderer_for)
         self.book = Conversations(stages, jobs, self.writer, self.events, self.retries,
-                                  self.failed_classes)
+                                  self.failed_classes, ep)
         self.admission = Admission(
             cfg, stages, self.book, self.writer, self.reader, self.events, self.stop,
             self.datasets, window=max(1, int(eng.admit_window * ep.concurrency)),
-            shard=shard, wake=self.wake)
+            shard=self.shard, wake=self.wake)
         self.steering = Steering(
-            self.run_dir, session_id=session_id, quality_cfg=cfg.quality, policy=policy,
-            monitor=self.quality, book=self.book, datasets=self.by_name, writer=self.writer,
+            self.run_dir, session_id=self.session_id, quality_cfg=cfg.quality,
+            policy=self.policy, monitor=self.quality, book=self.book, datasets=self.by_name, writer=self.writer,
             events=self.events, stop=self.stop, wake=self.wake)
+        model_check = ModelCheck(cfg.target.model, ep.accept_models)
         self.answers = AnswerPipeline(AnswerContext(
-            cfg, stages, policy, ModelCheck(cfg.target.model, ep.accept_models), self.witness,
-            self.tokens_mode), self.quality)
-        self.final_state: str | None = None  # set when the session ends
-        self._running = False  # dispatching (finished attempts top up the slots)
-        self._budget_logged = -1e9
-        self.started_at = time.time()
+            cfg, stages, self.policy, model_check, self.witness, self.tokens_mode), self.quality)
 
     # -- what the live view, status and tests read ----------------------------------------------
     @property
@@ -159,7 +162,8 @@ class Engine:
         return figures.progress(self)
 
     def concurrency(self) -> tuple[int, str | None]:
-        return figures.concurrency(self)
+        """The in-flight limit now, and why it is below the configured one (None if not)."""
+        return self.limits.now(self.store_guard.holding)
 
     def store_problem(self) -> dict[str, Any] | None:
         return figures.store_problem(self.writer)
@@ -328,12 +332,7 @@ class Engine:
         except ApiError as err:
             self._on_error(job, err)
         except asyncio.CancelledError:
-            self._record_attempt(AttemptRecord(
-                task=job.task_id, session=self.session_id, base_url=None, provider=None,
-                model=None, started_at=started, first_byte_at=None, ended_at=time.time(),
-                outcome="cancelled", http_status=None, error="cancelled by stop --now",
-                prompt_tokens=None, completion_tokens=None, cost_usd=None,
-                generation_id=None, dataset=job.ds.name))
+            self._record_attempt(attempts.cancelled(self.session_id, job, started))
             raise
         except Exception as exc:  # noqa: BLE001 - a client bug: count it and retry
             log.exception("unexpected client failure")
@@ -350,10 +349,7 @@ class Engine:
         charge = self.budget.charge_usage(job.ds.name, resp.usage)
         pstats = self.stats.billed(resp.provider, charge.prompt_tokens,
                                    charge.completion_tokens, charge.cost_usd)
-        note = self.health.on_answer(probe=job.probe)
-        if note:
-            self.events.add("endpoint", None, resp.provider, note)
-            log.warning("%s", note)
+        self.limits.on_answer(job, resp.provider)
         done = self.answers.process(job, resp, charge)
         for n in done.answer.notes:
             self.events.once(n.kind, job.ds.name, resp.provider, n.message)
@@ -371,18 +367,6 @@ class Engine:
         else:
             self._reject(job, resp, charge, outcome, pstats)
 
-    def _answer_attempt(self, job: Job, resp: ChatResponse, charge: Charge, outcome: str,
-                        error: str | None = None) -> AttemptRecord:
-        return AttemptRecord(
-            task=job.task_id, session=self.session_id, base_url=resp.base_url,
-            provider=resp.provider, model=resp.model,
-            started_at=resp.started_at or time.time(), first_byte_at=resp.first_byte_at,
-            ended_at=resp.ended_at or time.time(), outcome=outcome,
-            http_status=getattr(resp, "http_status", None), error=error,
-            prompt_tokens=charge.prompt_tokens, completion_tokens=charge.completion_tokens,
-            cost_usd=charge.cost_usd, generation_id=resp.id, dataset=job.ds.name,
-            first_token_at=resp.first_token_at)
-
     def _keep(self, job: Job, resp: ChatResponse, charge: Charge, kept: Kept,
               pstats: ProviderStats) -> None:
         pstats.checks[kept.count_check] += 1
@@ -390,48 +374,31 @@ class Engine:
         if resp.ended_at:
             pstats.latency.add(resp.ended_at - resp.started_at)
         pstats.repairs.update(kept.repairs)
-        self.limit.on_success()
-        self.spend_window.on_success(self.inflight_weight, len(self.inflight))
-        self._record_attempt(self._answer_attempt(job, resp, charge, "ok"))
+        self.limits.on_kept(self.inflight_weight, len(self.inflight))
+        self._record_attempt(attempts.answered(self.session_id, job, resp, charge, "ok"))
         self.writer.batch.results.append(kept.record)
-        ds, c = job.ds, job.conv
-        self.book.task_row(job.task_id, c, job.turn, "done", job.attempts, None)
-        ds.bump("pending", -1)
-        ds.bump("done")
         self.stats.answers += 1
-        c.answers[job.turn] = kept.message
-        self.book.set_status(c, "active")
-        self.book.advance(c)
-        if ds.ready and ds.ready[-1].conv is c:
-            ds.ready.rotate(1)  # continue this conversation before starting new ones
+        self.book.task_done(job, kept.message)
 
     def _quarantine(self, job: Job, resp: ChatResponse, charge: Charge, q: Quarantined,
                     pstats: ProviderStats) -> None:
         pstats.quarantined += 1
         self.stats.quarantines[q.reason.split(":", 1)[0]] += 1
-        self._record_attempt(self._answer_attempt(job, resp, charge, f"quarantined:{q.reason}",
-                                                  error=q.message[:2000] or None))
+        self._record_attempt(attempts.answered(
+            self.session_id, job, resp, charge, f"quarantined:{q.reason}",
+            error=q.message[:2000] or None))
         self.writer.batch.quarantine.append(quarantine_record(job, resp, q))
-        if job.quarantines < self.cfg.endpoint.quarantine_retries:
-            job.quarantines += 1
-            job.last_error = f"quarantined: {q.reason}"
-            self._retry_or_fail(job, "quarantined")
-            return
-        self.book.task_row(job.task_id, job.conv, job.turn, "quarantined", job.attempts,
-                           f"quarantined:{q.reason}")
-        job.ds.bump("pending", -1)
-        job.ds.bump("quarantined")
-        self.book.close(job.conv, "ended", f"quarantined:{q.reason}")
+        self.book.task_quarantined(job, q.reason)
 
     def _reject(self, job: Job, resp: ChatResponse, charge: Charge, r: Rejected,
                 pstats: ProviderStats) -> None:
         pstats.rejected += 1
         self.stats.rejections[r.reason] += 1
-        self._record_attempt(self._answer_attempt(job, resp, charge, f"rejected:{r.reason}",
-                                                  error=r.what))
+        self._record_attempt(attempts.answered(self.session_id, job, resp, charge,
+                                               f"rejected:{r.reason}", error=r.what))
         job.last_error = f"answer from {r.what} rejected: {r.reason}"
         self.events.once("rejected", job.ds.name, resp.provider, job.last_error)
-        self._retry_or_fail(job, "rejected")
+        self.book.retry_or_fail(job, "rejected")
 
     # -- errors: the retry policy decides, the engine carries it out -----------------------------
     def _on_error(self, job: Job, err: ApiError) -> None:
@@ -443,39 +410,14 @@ class Engine:
             endpoint_down=self.health.down)
         if not d.counts:
             job.attempts -= 1  # an outage or a full in-flight budget says nothing of the task
-        self._record_attempt(AttemptRecord(
-            task=job.task_id, session=self.session_id, base_url=err.base_url,
-            provider=err.provider, model=err.model, started_at=err.started_at or time.time(),
-            first_byte_at=err.first_byte_at, ended_at=err.ended_at or time.time(),
-            outcome=f"retry:{kind}" if d.action in ("retry", "shrink") else f"fatal:{kind}",
-            http_status=err.status, error=str(err)[:2000],
-            prompt_tokens=charge.prompt_tokens, completion_tokens=charge.completion_tokens,
-            cost_usd=charge.cost_usd, generation_id=err.generation_id, dataset=job.ds.name))
+        outcome = f"retry:{kind}" if d.action in ("retry", "shrink") else f"fatal:{kind}"
+        self._record_attempt(attempts.failed(self.session_id, job, err, charge, outcome))
         self.stats.errors[kind] += 1
         self.stats.billed(err.provider, charge.prompt_tokens, charge.completion_tokens,
                           charge.cost_usd).errors[kind] += 1
-        self._feed_limits(job, err)
+        self.limits.on_error(job, err)
         job.last_error = str(err)[:500]
         self._carry_out(job, err, d)
-
-    def _feed_limits(self, job: Job, err: ApiError) -> None:
-        """What an error tells the endpoint's health and the concurrency limits."""
-        kind = err.kind
-        note = self.health.on_failure(kind, job.task_id, str(err)[:300],
-                                      responded=err.status is not None, probe=job.probe)
-        if note:
-            self.events.add("endpoint", None, err.provider, note)
-            log.warning("%s", note)
-        if kind == "in_flight_budget":
-            if self.spend_window.on_refused(job.weight_before, job.weight):
-                note = self.spend_window.note(self.limit.maximum)
-                self.events.add("concurrency", None, err.provider, note)
-                if time.monotonic() - self._budget_logged >= 30:
-                    self._budget_logged = time.monotonic()
-                    log.warning("%s", note)
-        elif self.limit.on_error(kind, job.epoch):
-            self.events.add("concurrency", None, err.provider,
-                            f"{kind}: concurrency lowered to {self.limit.limit}")
 
     def _carry_out(self, job: Job, err: ApiError, d) -> None:
         """Carry out the retry policy's decision on a failed attempt."""
@@ -497,50 +439,13 @@ class Engine:
             self.events.once("max_tokens_shrunk", job.ds.name, None,
                              f"402 weight_exceeds_budget: retrying with a smaller max_tokens "
                              f"({d.message}); recorded on the sample")
-            self._schedule(job, 0.0)
+            self.book.retry_later(job, 0.0)
         elif d.action == "retry":
-            if d.pause is not None:
-                self._pause_endpoint(d.pause, err)
-            self._schedule(job, d.delay)
+            if d.pause is not None and (why := self.limits.pause_endpoint(d.pause, err)):
+                self.request_stop(why, kind="unreachable")
+            self.book.retry_later(job, d.delay)
         else:
-            self._fail(job, err.kind, d.message or job.last_error)
-
-    def _pause_endpoint(self, seconds: float, err: ApiError) -> None:
-        """A Retry-After above retry_after_cap: every request waits, visibly."""
-        until = time.strftime("%H:%M:%S", time.localtime(time.time() + seconds))
-        why = (f"{err.kind} with Retry-After {seconds:.0f}s (above retry_after_cap = "
-               f"{self.cfg.engine.retry_after_cap:g}s): all requests paused until {until}")
-        if not self.health.pause(seconds, why):
-            return
-        self.events.add("endpoint", None, err.provider, why)
-        log.warning("%s", why)
-        if seconds > self.cfg.engine.outage_timeout:
-            self.request_stop(f"the API asks to wait {seconds:.0f}s (until {until}), longer "
-                              f"than outage_timeout = {self.cfg.engine.outage_timeout:g}s; "
-                              "rerun after then to resume", kind="unreachable")
-
-    # -- a task's next step ---------------------------------------------------------------------
-    def _retry_or_fail(self, job: Job, kind: str) -> None:
-        """Retry a rejected or quarantined answer, unless the task is out of attempts."""
-        if job.attempts >= self.cfg.endpoint.max_attempts:
-            self._fail(job, kind, f"gave up after {job.attempts} attempts; last: {job.last_error}")
-            return
-        ep = self.cfg.endpoint
-        self._schedule(job, backoff_delay(job.attempts, base=ep.retry_base_delay,
-                                          cap=ep.retry_max_delay))
-
-    def _schedule(self, job: Job, delay: float) -> None:
-        self.book.task_row(job.task_id, job.conv, job.turn, "pending", job.attempts,
-                           job.last_error)
-        self.retries.push(job, delay)
-
-    def _fail(self, job: Job, kind: str, error: str | None) -> None:
-        self.failed_classes[kind] += 1
-        reason = f"{kind}: {error}" if error and not error.startswith(kind) else (error or kind)
-        self.book.task_row(job.task_id, job.conv, job.turn, "failed", job.attempts, reason)
-        job.ds.bump("pending", -1)
-        job.ds.bump("failed")
-        self.book.close(job.conv, "failed", f"failed:{kind}")
+            self.book.fail(job, err.kind, d.message or job.last_error)
 
     # -- the session ----------------------------------------------------------------------------
     async def run(self, on_tick=None) -> Outcome:
@@ -549,7 +454,7 @@ class Engine:
         ticker = asyncio.get_running_loop().create_task(periodic.tick(self, on_tick))
         try:
             await self._dispatch()
-            await self._drain()
+            await self.stop.drain(self.inflight)
         finally:
             ticker.cancel()
             try:
@@ -560,44 +465,10 @@ class Engine:
         await periodic.settle_store(self)
         return self._finish()
 
-    async def _drain(self) -> None:
-        if not self.inflight:
-            return
-        timeout = self.stop.drain_timeout
-        if self.stopping is None and not self.fatal:
-            timeout = None  # finished normally: the loop only ends once nothing is in flight
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.inflight and not self.stop.now.is_set():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                self.stop.reason = (self.stop.reason or "stop") + (
-                    f"; drain timeout ({self.stop.drain_timeout:g}s) hit, in-flight requests "
-                    "cancelled")
-                break
-            waiter = asyncio.ensure_future(self.stop.now.wait())
-            await asyncio.wait([*self.inflight, waiter], timeout=left,
-                               return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-        if self.inflight:
-            tasks = list(self.inflight)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
     def _finish(self) -> Outcome:
         for ds in self.datasets:
             self.book.refresh_state(ds)
-        reached = []
-        for state, label in (("budget_reached", "budget reached"),
-                             ("limit_reached", "limit reached")):
-            names = [ds.name for ds in self.datasets if ds.state == state]
-            if names:
-                reached.append(f"{label}: {', '.join(names)}")
-        outcome = decide(
-            fatal=self.fatal, stopping=self.stopping, stop_reason=self.stop.reason,
-            pending=sum(ds.tasks.get("pending", 0) for ds in self.datasets),
-            failed=self.failed_by_class(), done_note="; ".join(reached),
-            paused={ds.name: ds.paused for ds in self.datasets if ds.paused is not None})
+        outcome = session_outcome(self.datasets, self.stop, self.failed_by_class())
         self.final_state = outcome.state
         self.events.add("session_end", None, None, f"{outcome.state}: {outcome.stop_reason}")
         self.book.stage_datasets(self.datasets)

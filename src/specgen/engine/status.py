@@ -17,8 +17,8 @@ import orjson
 from ..display import path as tidy
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
-from .providers import read_excluded
 from .figures import LIVE_FILE
+from .providers import read_excluded
 from .status_queries import (
     conversation_counts,
     conversation_shapes,

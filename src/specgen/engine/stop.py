@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from .events import EventLog
@@ -68,3 +69,27 @@ class StopState:
             log.error("%s", message)
         self.wake()
         return True
+
+    async def drain(self, inflight: dict[asyncio.Task, object]) -> None:
+        """Wait for the requests in flight: all of them when the session finished normally,
+        up to `drain_timeout` when stopping; then cancel what is left."""
+        if not inflight:
+            return
+        timeout = None if self.stopping is None and not self.fatal else self.drain_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while inflight and not self.now.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.reason = (self.reason or "stop") + (
+                    f"; drain timeout ({self.drain_timeout:g}s) hit, in-flight requests "
+                    "cancelled")
+                break
+            waiter = asyncio.ensure_future(self.now.wait())
+            await asyncio.wait([*inflight, waiter], timeout=left,
+                               return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        if inflight:
+            tasks = list(inflight)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

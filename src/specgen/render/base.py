@@ -137,10 +137,43 @@ class Renderer:
     def sample_all_turns(
         self, messages: Sequence[Message], tools: Sequence[Tool] | None = None
     ) -> Sample:
-        """Every assistant turn masked in one sequence; only for prefix-extending templates.
+        """Every assistant turn masked in one sequence ending with the last assistant turn.
 
-        Raises NotPrefixExtendingError when a turn's prompt is not a prefix of the next one.
+        Only defined where the template is prefix-extending: the ids of turn i's prompt
+        followed by the ids the model sampled for turn i must be a prefix of turn i+1's
+        prompt. Then the last turn's forward pass contains every earlier one, and one
+        sequence trains on all of them. Templates that re-render history (K2.5 drops the
+        reasoning of finished turns) are refused: NotPrefixExtendingError names the first
+        turn that breaks the prefix property. With no assistant message the sample is the
+        generation prompt alone (mask all 0), as for `sample`.
         """
-        from .all_turns import sample_all_turns
+        turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if not turns:
+            return self.sample(messages, tools)
+        input_ids: list[int] = []
+        loss_mask: list[int] = []
+        prev_turn = None
+        for turn in turns:
+            context = messages[:turn]
+            prompt = self.prompt_ids(context, tools)
+            n = len(input_ids)
+            if prompt[:n] != input_ids:
+                at = first_difference(prompt, input_ids)
+                raise NotPrefixExtendingError(
+                    f"renderer {self.name!r} is not prefix-extending for this conversation: "
+                    f"the prompt of the assistant turn at message {turn} does not start with "
+                    f"the ids of the turn at message {prev_turn} (prompt + sampled ids); they "
+                    f"differ at token {at} ({self._shown(prompt, at)} vs "
+                    f"{self._shown(input_ids, at)}). The template re-renders history (e.g. "
+                    "drops reasoning); use one sample per turn")
+            completion = self.completion_ids(messages[turn], context=context, tools=tools)
+            input_ids.extend(prompt[n:])
+            loss_mask.extend([0] * (len(prompt) - n))
+            input_ids.extend(completion)
+            loss_mask.extend([1] * len(completion))
+            prev_turn = turn
+        return Sample(input_ids=input_ids, loss_mask=loss_mask)
 
-        return sample_all_turns(self, messages, tools)
+    def _shown(self, ids: list[int], at: int) -> str:
+        window = ids[at:at + 8]
+        return repr(self.tokenizer.decode(window)) if window else "end of sequence"
