@@ -9,10 +9,12 @@ import json
 
 import pytest
 
-from specgen.engine.status import run_status
+from specgen.engine.status import conversation_lines, run_status
+from specgen.export.snapshot import read_snapshot
 from specgen.quality.witness import UNUSABLE_AFTER
+from specgen.report.stats import collect
 from specgen.store import Store
-from specgen.verify import verify_run
+from specgen.verify import format_report, verify_run
 from test_engine_sim import go
 from test_engine_support import SimProcess, prompt_rows, tool_rows, write_config, write_jsonl
 
@@ -129,6 +131,17 @@ def test_a_provider_that_saw_another_prompt_never_gives_samples(tmp_path):
         (detail,) = s.conn.execute("SELECT error FROM attempts WHERE outcome LIKE "
                                    "'quarantined:count_mismatch%' LIMIT 1").fetchone()
     assert "prompt: ours" in detail and "provider" in detail
+    # both counts are stored with the quarantine, and status, verify and the report show them
+    figures = st["quarantine_details"]["count_mismatch"]
+    assert figures["prompt"]["provider"] == figures["prompt"]["ours"] + 20, figures
+    assert figures["check"] == "mismatch"
+    shown = f"prompt: ours {figures['prompt']['ours']}, provider {figures['prompt']['provider']}"
+    assert any(shown in line for line in conversation_lines(st))
+    report = verify_run(cfg.run_dir)
+    assert report.quarantine_details["t"]["count_mismatch"] == figures
+    assert shown in format_report(report)
+    with read_snapshot(cfg.run_dir) as store:
+        assert collect(store).quarantine_details == {"t": {"count_mismatch": figures}}
     # flagged instead: kept in the store as mismatches, which no default export takes
     cfg, outcome = run(tmp_path, "hidden", 12, true_ids=False,
                        quality='[quality]\non_count_mismatch = "flag"', name="flagged")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import time
 import orjson
 import pytest
 
+from specgen.queries import detail_text, quarantine_details
+from specgen.records import QuarantineRecord
 from specgen.store import (
     Batch,
     Store,
@@ -216,3 +219,28 @@ def test_tool_matches_are_stored_and_old_stores_stay_readable(tmp_path):
     with Store.create(tmp_path) as again:
         cols = {row[1] for row in again.conn.execute("PRAGMA table_info(results)")}
         assert "tool_matches" in cols
+
+
+def test_a_store_from_before_quarantine_detail_migrates_on_open(tmp_path):
+    # main before the column (cb20c34) created quarantine without `detail`: build exactly that
+    with Store.create(tmp_path) as store:
+        store.conn.execute("DROP TABLE quarantine")
+        store.conn.execute(
+            "CREATE TABLE quarantine(id INTEGER PRIMARY KEY, task INTEGER, dataset TEXT, "
+            "provider TEXT, reason TEXT NOT NULL, response BLOB, created_at REAL)")
+        store.conn.execute("INSERT INTO quarantine(task, dataset, provider, reason, response, "
+                           "created_at) VALUES (1, 'a', 'P', 'count_mismatch', x'', 1.0)")
+    with Store.open(tmp_path) as ro:  # read-only readers: counts, no figures, no error
+        assert ro.quarantine_counts() == {"a": {"count_mismatch": 1}}
+        assert quarantine_details(ro) == {}
+    with Store.create(tmp_path) as store:  # a writer adds the column; old rows keep NULL
+        cols = [row[1] for row in store.conn.execute("PRAGMA table_info(quarantine)")]
+        assert cols[-1] == "detail"
+        b = Batch()
+        figures = {"check": "mismatch", "prompt": {"ours": 209, "provider": 229}}
+        b.quarantine.append(QuarantineRecord(2, "a", "P", "count_mismatch", b"", 2.0,
+                                             json.dumps(figures)))
+        store.write(b)
+        assert quarantine_details(store) == {"a": {"count_mismatch": figures}}
+        assert store.quarantine_counts() == {"a": {"count_mismatch": 2}}
+    assert detail_text(figures) == "check: mismatch; prompt: ours 209, provider 229"

@@ -22,11 +22,9 @@ from urllib.parse import urlsplit
 import orjson
 
 # OpenRouter's provider object: its keys and their checks (re-exported for the simulator)
+from .errors import ConfigError
+from .model_cards import GENERIC_TEMPERATURE, check_reasoning, silent_card, thinking_of
 from .provider_object import PROVIDER_KEYS, QUANTIZATIONS, provider_problem  # noqa: F401
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the file and the key."""
 
 
 @dataclass
@@ -112,15 +110,18 @@ class SamplingConfig:
     seed: int | None = None
     stop: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # merged into the request body
-    # Fill silent temperature / top_p from the model card (specgen.sampling.MODEL_CARDS).
+    # Fill silent temperature / top_p from the model card (specgen.model_cards.MODEL_CARDS).
     # Unset = on, except for a store made before the key: it resumes as it was made (off).
     model_defaults: bool | None = None
 
     @property
     def thinking(self) -> bool:
-        from .sampling import thinking_of
-
         return thinking_of(self.reasoning)
+
+    @property
+    def model_defaults_on(self) -> bool:
+        """`model_defaults`: unset means on (a store made before the key pins it off)."""
+        return self.model_defaults is not False
 
 
 @dataclass
@@ -249,12 +250,14 @@ class RunConfig:
         Budgets, limits, concurrency, timeouts, provider policy and the engine tuning are left
         out: changing them continues a run.
         """
-        from .sampling import GENERIC_TEMPERATURE, card_in_effect
-
         data = self.to_json()
         sampling = {k: v for k, v in data["sampling"].items()
                     if k not in ("max_tokens", "model_defaults")}
-        card = card_in_effect(self)
+        # The model card that decides what the config leaves silent enters the hash: a run
+        # whose samples follow a card never resumes under other defaults.
+        card = silent_card(self.target.model, self.sampling.model_defaults_on,
+                           self.sampling.temperature, self.sampling.top_p,
+                           [d.temperature for d in self.datasets])
         if card:  # the model card decides what the config leaves silent: say which
             sampling["model_card"] = card
         elif sampling["temperature"] is None:  # silent meant 1.0 before the model cards
@@ -484,8 +487,6 @@ def _validate_quality(q: QualityConfig, where: str) -> None:
 
 def _check_dataset_sampling(ds: DatasetConfig, label: str) -> None:
     """A dataset's sampling values and mixes (specgen.sampling)."""
-    from .sampling import check_reasoning
-
     if ds.n < 1:
         raise ConfigError(f"{label}: n (samples per prompt) must be >= 1, got {ds.n}")
     temps = ds.temperature if isinstance(ds.temperature, list) else (
@@ -732,8 +733,6 @@ def _validate_sampling(s: SamplingConfig, where: str) -> None:
 
 
 def _check_sampling_values(s: SamplingConfig, where: str) -> None:
-    from .sampling import check_reasoning
-
     if s.temperature is not None and not 0 <= s.temperature <= 2:
         raise ConfigError(f"{where}: sampling.temperature must be between 0 and 2, "
                           f"got {s.temperature}")

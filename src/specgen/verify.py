@@ -39,6 +39,7 @@ import orjson
 from .conversation import AssistantMessage
 from .display import UNKNOWN_PROVIDER
 from .export.snapshot import read_snapshot
+from .queries import detail_text, quarantine_details
 from .store import ResultRow, decode_result_row
 
 DEFAULT_MAX_TRUE_MISMATCH = 0.02
@@ -141,6 +142,9 @@ class VerifyReport:
     true_completion: TrueIdStats = field(default_factory=TrueIdStats)
     max_true_mismatch: float = DEFAULT_MAX_TRUE_MISMATCH
     providers: dict[tuple[str, str | None], ProviderCheck] = field(default_factory=dict)
+    # answers kept out of the samples: {dataset: {reason: n}}, and each reason's latest figures
+    quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
+    quarantine_details: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def provider(self, name: str | None, base_url: str | None) -> ProviderCheck:
         key = (name or UNKNOWN_PROVIDER, base_url)
@@ -191,6 +195,7 @@ class VerifyReport:
                          "max_mismatch_rate": self.max_true_mismatch, "ok": self.true_ids_ok},
             "providers": [self.providers[k].to_json() for k in sorted(
                 self.providers, key=lambda k: (k[0], k[1] or ""))],
+            "quarantined": self.quarantined, "quarantine_details": self.quarantine_details,
         }
 
 
@@ -269,6 +274,8 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
                 continue
             report.add_sample(checker.check(row, report, pc))
         report.store_problems = store_consistency(store)
+        report.quarantined = store.quarantine_counts()
+        report.quarantine_details = quarantine_details(store)
     return report
 
 
@@ -565,6 +572,11 @@ def format_report(r: VerifyReport) -> str:
                          f"{p.detail}")
     for msg in r.store_problems:
         lines.append(f"  store: {msg}")
+    for ds, reasons in sorted(r.quarantined.items()):
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            figures = r.quarantine_details.get(ds, {}).get(reason)
+            lines.append(f"  quarantined          {ds}: {reason} x{n:,}"
+                         + (f" (latest: {detail_text(figures)})" if figures else ""))
     for kind, s in (("prompt", r.true_prompt), ("completion", r.true_completion)):
         if not s.checked:
             lines.append(f"  {'true ' + kind + ' ids':<20} none returned by the backend")

@@ -26,10 +26,26 @@ import asyncio
 import os
 from asyncio import selector_events
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .h1 import H1Connection
+
+class H1Connection(Protocol):
+    """What the ticker uses of a connection (client/h1.py's `H1Connection`); a protocol, so
+    this module needs no import of its only user."""
+
+    transport: Any
+    ticker: ReadTicker | None
+    reader: Any
+    read_step: Callable[[], None] | None
+    held: bool
+    fresh: bool
+    closed: bool
+    empty_ticks: int
+    last_len: int
+
+    def fail(self, exc: BaseException) -> None: ...
+
+    def data_received(self, data: bytes) -> None: ...
 
 READ_SIZE = 64 * 1024  # bytes per direct read; a full read is followed by another
 _SOCKET_TRANSPORT: Any = getattr(selector_events, "_SelectorSocketTransport", None)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 
 from ..conversation import AssistantMessage, Conversation
+from ..queries import failed_tasks_by_class, vouched_deltas
 from ..store import unpack_json
 from .progress import RowCounter
 from .providers import read_excluded
 from .state import Conv, DsRun
-from .status_queries import failed_tasks_by_class, vouched_deltas
 
 log = logging.getLogger("specgen.engine")
 

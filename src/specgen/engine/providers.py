@@ -18,22 +18,10 @@ from typing import Any
 
 import orjson
 
-META_KEY = "excluded_providers"
+from ..exclusions import META_KEY, encode_excluded, read_excluded  # noqa: F401 (re-exported)
+
 REQUEST_PREFIX = "provider-"
 ACTIONS = ("exclude", "allow")
-
-
-def read_excluded(meta: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The exclusions recorded in a store's meta ({} when none or unreadable)."""
-    try:
-        value = orjson.loads(meta.get(META_KEY) or "{}")
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def encode_excluded(excluded: dict[str, dict[str, Any]]) -> str:
-    return orjson.dumps(excluded, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def write_request(run_dir: Path, action: str, name: str) -> Path:

@@ -15,17 +15,19 @@ from typing import Any
 import orjson
 
 from ..display import path as tidy
+from ..queries import (
+    conversation_counts,
+    conversation_shapes,
+    count_checks_by_provider,
+    detail_text,
+    failed_tasks_by_class,
+    quality_events,
+    quarantine_details,
+)
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
 from .figures import LIVE_FILE
 from .providers import read_excluded
-from .status_queries import (
-    conversation_counts,
-    conversation_shapes,
-    count_checks_by_provider,
-    failed_tasks_by_class,
-    quality_events,
-)
 
 
 def _live(run_dir: Path) -> dict[str, Any] | None:
@@ -48,6 +50,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         spend = store.spend()
         kept = store.result_totals()
         quarantine = store.quarantine_counts()
+        quarantine_figures = quarantine_details(store)
         providers = store.provider_totals()
         failures = failed_tasks_by_class(store)
         checks = count_checks_by_provider(store)
@@ -100,6 +103,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             "turns_per_conversation": {}, "end_reasons": {}, "tool_matches": {},
             **shapes.get(name, {}),
             "quarantine_reasons": quarantine.get(name, {}),
+            "quarantine_details": quarantine_figures.get(name, {}),
             "token_budget": (cfg_ds.get(name) or {}).get("token_budget"),
             "limit": (cfg_ds.get(name) or {}).get("limit"),
         }
@@ -180,6 +184,11 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     if d.get("tool_matches"):
         lines.append("samples reusing tool results, by weakest match: "
                      + ", ".join(f"{k} {v}" for k, v in d["tool_matches"].items()))
+    reasons = d.get("quarantine_reasons") or {}
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        figures = (d.get("quarantine_details") or {}).get(reason)
+        lines.append(f"quarantined {reason} x{n:,}"
+                     + (f" (latest: {detail_text(figures)})" if figures else ""))
     return lines
 
 

@@ -16,6 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ..liveness import pid_alive as alive
 from ..store import fsync_path
 
 TMP_INFIX = ".tmp-"
@@ -36,8 +37,6 @@ def parse_temp_name(name: str) -> tuple[str, int] | None:
 def pid_alive(pid: int) -> bool:
     """Whether a process `pid` runs on this machine (this process counts as not running: a
     temporary name with our own pid is a leftover of an earlier process that had it)."""
-    from ..engine.control import pid_alive as alive
-
     return pid != os.getpid() and alive(pid)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..display import clean_floats
-from ..engine.providers import read_excluded
+from ..exclusions import read_excluded
 from ..planner import weakest_match
 from ..store import ResultRow, Store
 from .atomic import fsync_dir, remove, remove_stale, temp_path, write_temp

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
 from .observe import OWN_FIGURE, SCHEMA_FAILURES, Observation, Rolling
 
 
@@ -44,8 +45,6 @@ def alarm_rules(spec: Any, where: str = "config") -> dict[str, AlarmRule]:
     """The alarm rules of `[quality] alarms`: `false` turns every alarm off; a table maps an
     alarm name to a threshold, `false` (off), or `{threshold, min_samples}`. Unlisted alarms
     keep their defaults. Raises ConfigError naming the key."""
-    from ..config import ConfigError
-
     if spec is False:
         return {}
     if spec is True or spec is None:

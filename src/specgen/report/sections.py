@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.status_queries import conversation_counts
+from ..queries import conversation_counts, detail_text
 from . import svg
 from .stats import RunStats, percentile
 
@@ -221,6 +221,10 @@ def _repairs(s: RunStats) -> Section:
         Table("Quarantined answers by reason", ["reason", "answers"], s.quarantine.most_common()),
         Table("Quarantined answers by reason, dataset and provider",
               ["reason", "dataset", "provider", "answers"], [list(r) for r in s.quarantine_by]),
+        Table("The figures of each reason's latest quarantine (both counts of a count_mismatch)",
+              ["dataset", "reason", "figures"],
+              [[ds, reason, detail_text(fig)] for ds, by in sorted(s.quarantine_details.items())
+               for reason, fig in sorted(by.items())]),
         Table("Conversations ended early (the planner stopped before the dataset's last turn, "
               "or an answer was quarantined)", ["end reason", "conversations"],
               s.end_reasons.most_common()),

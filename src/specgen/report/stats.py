@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from ..display import UNKNOWN_PROVIDER
-from ..engine.status_queries import conversation_shapes
+from ..queries import conversation_shapes, quarantine_details
 
 TIME_BUCKETS = 40
 UNK = (UNKNOWN_PROVIDER,)  # the one label for a provider that was not named (a parameter)
@@ -39,6 +39,7 @@ class RunStats:
     flags: Counter  # `flag:` observations on kept samples (nothing was changed)
     quarantine: Counter
     quarantine_by: list[tuple[str, str, str, int]]  # (reason, dataset, provider, n)
+    quarantine_details: dict[str, dict[str, dict[str, Any]]]  # {dataset: {reason: figures}}
     task_errors: Counter
     invalid_rows: int
     totals: dict[str, Any] = field(default_factory=dict)
@@ -187,6 +188,7 @@ def collect(store) -> RunStats:
         recent_events=recent, latency=dict(latency), repairs=repairs, flags=flags,
         quarantine=quarantine,
         quarantine_by=quarantine_by,
+        quarantine_details=quarantine_details(store),
         task_errors=Counter(dict(q("SELECT COALESCE(error, '?'), COUNT(*) FROM tasks "
                                    "WHERE status = 'failed' GROUP BY 1"))),
         invalid_rows=q("SELECT COUNT(*) FROM invalid_rows").fetchone()[0],

@@ -21,7 +21,7 @@ import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -43,7 +43,30 @@ from .routing import BadRequest, NoEndpoints, route
 
 if TYPE_CHECKING:
     from .http import Request
-    from .server import Simulator
+
+
+class Simulator(Protocol):
+    """What the token-in routes use of the simulator (sim/server.py's `Simulator`, which owns
+    them); a protocol, so this module needs no import of its owner."""
+
+    cfg: Any
+    model: Any
+    tok: Any
+    renderers: Any
+    stats: Any
+    _endpoints: dict[int, Any]
+    _router_faults: Any
+    _seed_key: bytes
+    _answering: Callable[..., Any]
+    _auth: Callable[..., Any]
+    _crashed: Callable[..., Any]
+    _fail: Callable[..., Any]
+    _finish: Callable[..., Any]
+    _lost: Callable[..., Any]
+    _park: Callable[..., Any]
+    _rngs: Callable[..., Any]
+    _send_payload: Callable[..., Any]
+    _spawn: Callable[..., Any]
 
 VLLM, SGLANG = "vllm", "sglang"
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default when max_new_tokens is absent

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from ..config import DatasetConfig
 from ..conversation import Conversation, stable_id
 from .files import Record, SourceError, count_rows, data_files, iter_records
 from .formats import FORMATS, detect_format
@@ -23,6 +23,16 @@ __all__ = [
     "FORMATS", "ID_KEYS", "Row", "RowError", "SourceError", "count_rows", "data_files",
     "detect_dataset_format", "detect_format", "iter_rows", "row_to_conversation",
 ]
+
+class DatasetConfig(Protocol):
+    """What the readers use of a `[[dataset]]` table (config.DatasetConfig)."""
+
+    name: str
+    path: Path
+    format: str
+    split: str | None
+    native_tool_ids: bool | None
+
 
 # Row fields that name a conversation, in order of preference.
 ID_KEYS = ("id", "conversation_id", "conv_id", "uuid", "prompt_id", "question_id",

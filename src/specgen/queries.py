@@ -3,12 +3,13 @@ share."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from ..display import UNKNOWN_PROVIDER
-from ..store import Store
+from .display import UNKNOWN_PROVIDER
+from .store import Store
 
 
 def failed_tasks_by_class(store: Store, datasets: Sequence[str] | None = None
@@ -67,8 +68,8 @@ def conversation_shapes(store: Store) -> dict[str, dict[str, Any]]:
     ({"turns_per_conversation": {"n": conversations}}, conversations without one left out), why conversations ended early
     ({"end_reasons": {reason: n}}) and its samples whose prompt reuses recorded tool results,
     by the weakest match ({"tool_matches": {kind: n}}; empty for stores made before it)."""
-    from ..planner import weakest_match
-    from ..store import decode_tool_matches
+    from .planner import weakest_match
+    from .store import decode_tool_matches
 
     out: dict[str, dict[str, Any]] = {}
 
@@ -117,3 +118,36 @@ def conversation_counts(counts: dict[str, int]) -> str:
     order = ("done", "ended", "failed", "active", "pending")
     keys = [k for k in order if counts.get(k)] + sorted(k for k in counts if k not in order)
     return ", ".join(f"{words.get(k, k)} {counts[k]:,}" for k in keys)
+
+
+def quarantine_details(store: Store) -> dict[str, dict[str, dict[str, Any]]]:
+    """{dataset: {reason: the figures of its latest quarantine}} (the `detail` JSON: both
+    counts of a count_mismatch, ...). Reasons stored without figures, or a store from before
+    the column, give none."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    try:
+        rows = store.conn.execute(
+            "SELECT COALESCE(dataset, '?'), reason, detail FROM quarantine WHERE id IN "
+            "(SELECT MAX(id) FROM quarantine WHERE detail IS NOT NULL GROUP BY dataset, reason)"
+        ).fetchall()
+    except sqlite3.OperationalError:  # a read-only store from before the column
+        return out
+    for dataset, reason, detail in rows:
+        try:
+            value = json.loads(detail)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.setdefault(dataset, {})[reason] = value
+    return out
+
+
+def detail_text(detail: dict[str, Any]) -> str:
+    """A quarantine's figures in one line: `prompt: ours 209, provider 218; completion: ...`."""
+    parts = []
+    for key, value in detail.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        if value not in ("", None):
+            parts.append(f"{key}: {value}")
+    return "; ".join(parts)
