@@ -237,6 +237,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                                      orjson.dumps(opts.argv).decode(), time.time())
     try:
         client = ChatClient.from_config(cfg.endpoint, base_urls=urls)
+        log.info("network: %s", client.describe_proxies())
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
             _resolve_local_defaults(cfg, policy)
