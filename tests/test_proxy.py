@@ -244,3 +244,45 @@ def test_specgen_run_reaches_the_sim_through_the_proxy(tmp_path) -> None:
     out = run_cli(path, env={**clean, "HTTP_PROXY": dead.url(), "NO_PROXY": "127.0.0.1"},
                   timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_stdlib_get_honours_the_same_rules() -> None:
+    """`preview --fetch-prices`'s GET (urllib): through the proxy, NO_PROXY, proxy = false."""
+    import http.server
+    import threading
+
+    from specgen.proxy import urlopen
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = b'{"data": {"endpoints": []}}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1/models"
+    try:
+        with ProxyServer("alice", "hunter22") as proxy:
+            env = {"HTTP_PROXY": proxy.url("alice", "hunter22"), "NO_PROXY": ""}
+            with pytest.MonkeyPatch.context() as mp:
+                for k in ("NO_PROXY", "no_proxy", "http_proxy", "ALL_PROXY", "all_proxy"):
+                    mp.delenv(k, raising=False)
+                for k, v in env.items():
+                    mp.setenv(k, v)
+                with urlopen(url) as r:
+                    assert r.read() == b'{"data": {"endpoints": []}}'
+                assert proxy.forwarded == 1 and proxy.refused == 0
+                with urlopen(url, setting=False) as r:
+                    r.read()
+                mp.setenv("NO_PROXY", "127.0.0.1")
+                with urlopen(url) as r:
+                    r.read()
+            assert proxy.forwarded == 1
+    finally:
+        httpd.shutdown()

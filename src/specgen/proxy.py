@@ -189,3 +189,20 @@ class ProxyChooser:
         if self._no_proxy:
             parts.append(f"NO_PROXY {self._no_proxy}")
         return f"proxy ({self.source}): " + ", ".join(parts)
+
+
+def urlopen(url: str, *, setting: str | bool | None = None,
+            headers: dict[str, str] | None = None, timeout: float = 30.0):
+    """`urllib.request.urlopen` of a GET through the proxy `ProxyChooser(setting)` picks for
+    `url` (specgen's few stdlib requests: `preview --fetch-prices`); the credentials go in
+    `Proxy-Authorization` (urllib moves it to the CONNECT of an https tunnel)."""
+    import urllib.request
+
+    parts = urlsplit(url)
+    proxy = ProxyChooser(setting).for_url(parts.scheme, parts.hostname or "",
+                                          parts.port or (443 if parts.scheme == "https" else 80))
+    handler = urllib.request.ProxyHandler({parts.scheme: proxy.url} if proxy else {})
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    if proxy is not None and proxy.authorization:
+        req.add_header("Proxy-Authorization", proxy.authorization)
+    return urllib.request.build_opener(handler).open(req, timeout=timeout)
