@@ -22,6 +22,7 @@ from yarl import URL
 
 from specgen.proxy import Proxy, ProxyChooser
 
+from .. import jsonexact
 from .balancer import Balancer
 from .deadline import Deadline
 from .errors import Redactor, describe_error, error_from_response, snippet
@@ -69,7 +70,7 @@ def _check_headers(headers: Mapping[str, str]) -> dict[str, str]:
 def _encode(body: dict[str, Any]) -> bytes:
     """The request body as sent (orjson, once); a body that is not JSON is `bad_request`."""
     try:
-        return orjson.dumps(body)
+        return jsonexact.dumps(body)  # integers beyond 64 bits too
     except TypeError as exc:
         problem = str(exc)
     # raised outside the except block, so no exception chain holds the body

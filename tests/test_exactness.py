@@ -1,0 +1,154 @@
+"""Exactness residue of issue 24, each against the official Kimi templates (tests/official_kimi.py,
+the template rendered with jinja as transformers does, encoded by tiktoken) on the exact inputs:
+
+* integers beyond 64 bits in dataset rows stay integers (tokenize, the sources, the request);
+* reasoning under `thinking` is read like `reasoning_content` / `reasoning` by the native
+  renderers (K2.5, K2-Thinking);
+* a literal end-of-turn string inside an answer: every renderer keeps the text (the `hf` one
+  no longer cuts there) and `specgen tokenize` warns.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from official_kimi import OfficialKimi
+from specgen import jsonexact
+from specgen.commands.tokenize import tokenize_lines
+from specgen.render import get_renderer
+from specgen.render.base import stray_stop_ids
+from test_official_kimi_diff import k25_dir, official_k2_thinking, official_k25, tok  # noqa: F401
+
+BIG = 10**20  # orjson reads it as 1e+20
+NEG = -(2**63) - 1  # just below int64: orjson reads a float too
+HUGE = 2**70
+
+TOOLS = [{"type": "function", "function": {
+    "name": "reserve", "description": "Reserve an id range",
+    "parameters": {"type": "object", "properties": {
+        "start": {"type": "integer", "default": HUGE},
+        "count": {"type": "integer", "default": 3}}, "required": ["start"]}}}]
+
+
+def big_int_row() -> dict:
+    return {"id": "big", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "Reserve from 10^20."},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "functions.reserve:0", "type": "function",
+             "function": {"name": "reserve", "arguments": {"start": BIG, "count": NEG}}}]}]}
+
+
+# -- (a) integers beyond 64 bits -------------------------------------------------------------
+
+def test_jsonexact_keeps_every_integer() -> None:
+    text = json.dumps({"a": BIG, "b": NEG, "c": [HUGE, 1.5, "12345678901234567890123"]})
+    assert jsonexact.loads(text) == json.loads(text)
+    assert jsonexact.loads(text.encode())["a"] == BIG and type(jsonexact.loads(text)["b"]) is int
+    assert json.loads(jsonexact.dumps({"x": HUGE, "y": "é"})) == {"x": HUGE, "y": "é"}
+    with pytest.raises(jsonexact.JSONDecodeError):
+        jsonexact.loads(b'{"a": 100000000000000000000')
+
+
+def test_tokenize_keeps_big_integers_like_the_official_template(tok, official_k25) -> None:  # noqa: F811
+    row = big_int_row()
+    line = json.dumps(row).encode()
+    out: list[bytes] = []
+    summary = tokenize_lines(get_renderer("kimi-k2.5", tok), [line], out.append)
+    assert summary.samples == 1 and summary.invalid == 0
+    ids = json.loads(out[0])["input_ids"]
+    want = official_k25.ids(row["messages"], row["tools"], add_generation_prompt=False)
+    assert ids == want
+    text = tok.decode(ids)
+    assert str(BIG) in text and str(NEG) in text and str(HUGE) in text
+    assert "1e+20" not in text
+
+
+def test_dataset_rows_and_the_request_keep_big_integers(tmp_path) -> None:
+    from specgen.client.chat import _encode
+    from specgen.config import DatasetConfig
+    from specgen.sources import iter_rows
+
+    path = tmp_path / "big.jsonl"
+    path.write_text(json.dumps(big_int_row()) + "\n")
+    (row,) = list(iter_rows(DatasetConfig(name="d", path=path, format="openai")))
+    assert row.error is None, row.error
+    conv = row.conversation
+    default = conv.tools[0]["function"]["parameters"]["properties"]["start"]["default"]
+    assert default == HUGE and type(default) is int
+    args = conv.messages[1]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(args) == {"start": BIG, "count": NEG}
+    body = _encode({"messages": conv.messages, "tools": conv.tools})  # what is sent
+    assert str(HUGE).encode() in body and json.loads(body)["tools"] == conv.tools
+    from specgen.store import pack_json, unpack_json
+
+    assert unpack_json(pack_json(conv.to_json())) == json.loads(json.dumps(conv.to_json()))
+
+
+# -- (b) reasoning under `thinking` -----------------------------------------------------------
+
+def _with_reasoning(key: str | None) -> list[dict]:
+    call = {"id": "functions.reserve:0", "type": "function",
+            "function": {"name": "reserve", "arguments": "{\"start\": 1}"}}
+    answer = {"role": "assistant", "content": "Reserving.", "tool_calls": [call]}
+    if key:
+        answer[key] = "The user wants a range; call reserve."
+    return [{"role": "user", "content": "Reserve one."}, answer,
+            {"role": "tool", "tool_call_id": "functions.reserve:0", "content": "ok"}]
+
+
+@pytest.mark.parametrize("name", ["kimi-k2.5", "kimi-k2-thinking"])
+def test_thinking_key_is_reasoning_in_the_native_renderers(tok, official_k25,  # noqa: F811
+                                                           official_k2_thinking, name) -> None:  # noqa: F811
+    official: OfficialKimi = official_k25 if name == "kimi-k2.5" else official_k2_thinking
+    tools = TOOLS if name == "kimi-k2.5" else None
+    native = get_renderer(name, tok)
+    without = native.prompt_ids(_with_reasoning(None), tools)
+    results = {}
+    for key in ("reasoning_content", "reasoning", "thinking"):
+        msgs = _with_reasoning(key)
+        ours = native.prompt_ids(msgs, tools)  # the history turn keeps its reasoning
+        assert ours == official.ids(msgs, tools, add_generation_prompt=True), key
+        sample = native.sample(msgs[:2], tools)  # the sampled turn: reasoning masked in
+        assert sample.input_ids == official.ids(msgs[:2], tools, add_generation_prompt=False)
+        results[key] = (ours, sample.input_ids)
+    assert results["thinking"] == results["reasoning_content"] == results["reasoning"]
+    assert results["thinking"][0] != without  # the reasoning did not vanish
+
+
+# -- (c) a literal end-of-turn string inside an answer -----------------------------------------
+
+def test_literal_end_of_turn_is_kept_by_every_renderer(tok, official_k25, k25_dir) -> None:  # noqa: F811
+    msgs = [{"role": "user", "content": "Quote the token."},
+            {"role": "assistant", "content": "It is written <|im_end|> and then the text goes on."}]
+    want = official_k25.ids(msgs, add_generation_prompt=False, thinking=False)
+    template = (k25_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    hf = get_renderer("hf", tok, template=template, chat_template_kwargs={"thinking": False})
+    native = get_renderer("kimi-k2.5", tok, thinking=False)
+    for r in (hf, native):
+        sample = r.sample(msgs)
+        assert sample.input_ids == want, type(r).__name__
+        assert tok.decode(sample.input_ids).endswith("then the text goes on.<|im_end|>")
+        assert len(stray_stop_ids(sample, r.stop_token_ids)) == 1
+        warned: list[str] = []
+        summary = tokenize_lines(r, [json.dumps({"messages": msgs}).encode()], lambda b: None,
+                                 report=warned.append, source="x.jsonl")
+        assert summary.samples == 1 and summary.stray_stops == 1
+        assert len(warned) == 1 and "x.jsonl:1" in warned[0] and "end-of-turn" in warned[0]
+
+
+def test_hf_cut_drops_only_what_the_template_writes_after_its_stop(tok) -> None:  # noqa: F811
+    """A ChatML-like template writes "\\n" after each `<|im_end|>`: the sample ends at the
+    template's own stop (the "\\n" was never sampled), after the literal one in the text."""
+    template = ("{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>"
+                "{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}")
+    hf = get_renderer("hf", tok, template=template, chat_template_kwargs={})
+    content = "a <|im_end|> b"
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]
+    sample = hf.sample(msgs)
+    assert tok.decode(sample.input_ids[sample.n_prompt:]) == content + "<|im_end|>"
+    plain = hf.sample([msgs[0], {"role": "assistant", "content": "a b"}])
+    assert tok.decode(plain.input_ids[plain.n_prompt:]) == "a b<|im_end|>"
+    assert not stray_stop_ids(plain, hf.stop_token_ids)
