@@ -152,3 +152,67 @@ def test_hf_cut_drops_only_what_the_template_writes_after_its_stop(tok) -> None:
     plain = hf.sample([msgs[0], {"role": "assistant", "content": "a b"}])
     assert tok.decode(plain.input_ids[plain.n_prompt:]) == "a b<|im_end|>"
     assert not stray_stop_ids(plain, hf.stop_token_ids)
+
+
+# -- (d) a long run that reaches special-token text --------------------------------------------
+
+def split_special_ids(official: OfficialKimi, text: str) -> list[int]:
+    """transformers' tokenize() of the Kimi tokenizer (what `tokenizer(text,
+    add_special_tokens=False)` and apply_chat_template run, and so vLLM and SGLang): the added
+    tokens split off first (leftmost, then longest), the tokenizer's own encode on each text
+    between them."""
+    import re
+
+    names = sorted(official.enc._special_tokens, key=len, reverse=True)
+    pattern = re.compile("|".join(map(re.escape, names)))
+    out, pos = [], 0
+    for m in pattern.finditer(text):
+        if m.start() > pos:
+            out += official.encode(text[pos:m.start()])
+        out.append(official.enc._special_tokens[m.group()])
+        pos = m.end()
+    if pos < len(text):
+        out += official.encode(text[pos:])
+    return out
+
+
+def test_long_run_into_special_text_whole_and_split_special(tok, official_k25) -> None:  # noqa: F811
+    """A >25,000-character run right before `<|im_end|>`: the whole-string encode cuts inside
+    the special token's text (it becomes plain pieces); split_special keeps the token.
+    `[target] encode` picks either, each equal to its reference on the exact text."""
+    head = official_k25.render([{"role": "user", "content": ""}], add_generation_prompt=True)
+    n = 25_000 - head.index("<|im_end|>") - 4  # the 25,001st character: inside <|im_end|>
+    msgs = [{"role": "user", "content": "x" * n},
+            {"role": "assistant", "content": "y" * 25_010}]
+    prompt_text = official_k25.render(msgs[:1], add_generation_prompt=True)
+    full_text = official_k25.render(msgs, add_generation_prompt=False)
+    whole_want = official_k25.encode(prompt_text)
+    split_want = split_special_ids(official_k25, prompt_text)
+    im_end = tok.special_tokens["<|im_end|>"]
+    assert im_end in split_want and im_end not in whole_want  # the cut broke the token
+    for mode, want, full in (("whole", whole_want, official_k25.encode(full_text)),
+                             ("split_special", split_want,
+                              split_special_ids(official_k25, full_text))):
+        native = get_renderer("kimi-k2.5", tok.with_encode(mode))
+        assert native.prompt_ids(msgs[:1]) == want, mode
+        assert native.sample(msgs).input_ids == full, mode  # the completion's own long run
+    assert tok.with_encode("whole") is tok and tok.encode_mode == "whole"
+
+
+def test_encode_key_in_the_config_and_tokenize(tmp_path, k25_dir) -> None:  # noqa: F811
+    import tomllib
+
+    from specgen.config import ConfigError, parse_config
+    from specgen.tokenizer import load_tokenizer
+
+    (tmp_path / "d.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    text = ('run_dir = "r"\n[target]\nmodel = "moonshotai/kimi-k2.5"\ntokenizer = "demo"\n{}'
+            '[endpoint]\nbase_url = "http://h/v1"\n[[dataset]]\nname = "d"\npath = "d.jsonl"\n')
+    load = lambda extra: parse_config(tomllib.loads(text.format(extra)), tmp_path / "r.toml")  # noqa: E731
+    whole, split = load(""), load('encode = "split_special"\n')
+    assert whole.target.encode == "whole" and split.target.encode == "split_special"
+    assert load('encode = "whole"\n').global_result_hash() == whole.global_result_hash()
+    assert split.global_result_hash() != whole.global_result_hash()
+    with pytest.raises(ConfigError, match="split_special"):
+        load('encode = "split"\n')
+    assert load_tokenizer(k25_dir, "split_special").encode_mode == "split_special"

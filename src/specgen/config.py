@@ -38,6 +38,10 @@ class TargetConfig:
     # Template switches sent as `chat_template_kwargs` (vLLM/SGLang; over the `thinking` /
     # `enable_thinking` that [sampling] reasoning sets) and handed to the renderer the same way.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # How the Kimi encoder's long-run rule meets special tokens: "whole" (the tokenizer's own
+    # `encode(text)`) or "split_special" (special tokens split off first, as vLLM, SGLang and
+    # transformers' apply_chat_template tokenize). docs/tokenizers.md, "Which encode".
+    encode: Literal["whole", "split_special"] = "whole"
 
 
 @dataclass
@@ -268,7 +272,8 @@ class RunConfig:
             sampling["temperature"] = GENERIC_TEMPERATURE
         target = {k: v for k, v in data["target"].items() if k != "tokenizer"
                   and not (k == "serving" and v == "auto")  # runs made before the keys
-                  and not (k == "chat_template_kwargs" and not v)}
+                  and not (k == "chat_template_kwargs" and not v)
+                  and not (k == "encode" and v == "whole")}
         return _hash({"target": target, "sampling": sampling})
 
     def dataset_result_hash(self, ds: DatasetConfig) -> str:

@@ -51,6 +51,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chat-template-kwargs", metavar="JSON",
                    help="template switches as a JSON object, as a server's chat_template_kwargs "
                         "(default: none; the template's own defaults, e.g. K2.5 thinks)")
+    p.add_argument("--encode", choices=("whole", "split_special"), default="whole",
+                   help="how the long-run rule meets special tokens: whole (the Kimi "
+                        "tokenizer's own encode) or split_special (special tokens split off "
+                        "first, as vLLM, SGLang and apply_chat_template tokenize); "
+                        "docs/tokenizers.md")
     p.add_argument("--serving", choices=("transformers", "vllm", "sglang"),
                    default="transformers",
                    help="how the serving stack renders history: transformers (default: "
@@ -106,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         switches.update(extra)
     try:
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer, getattr(args, "encode", "whole"))
         renderer = get_renderer(args.renderer, tokenizer, thinking=args.thinking is not False,
                                 chat_template_kwargs=switches, **options)
     except (TokenizerError, RenderError) as exc:
