@@ -216,3 +216,40 @@ def test_encode_key_in_the_config_and_tokenize(tmp_path, k25_dir) -> None:  # no
     with pytest.raises(ConfigError, match="split_special"):
         load('encode = "split"\n')
     assert load_tokenizer(k25_dir, "split_special").encode_mode == "split_special"
+
+
+def test_specgen_run_keeps_big_integers_end_to_end(tmp_path, k25_dir, official_k25) -> None:  # noqa: F811
+    """`specgen run` (a process, the simulator) on rows whose tool schema default and tool-call
+    arguments hold integers beyond 64 bits: the request stored is the data, and the prompt ids
+    of every sample are the official template's on it."""
+    from specgen.store import unpack_ids, unpack_json
+    from test_engine_support import WEATHER_TOOL, count, run_cli, write_config, write_jsonl
+
+    tool = json.loads(json.dumps(WEATHER_TOOL))
+    tool["function"]["parameters"]["properties"]["n"] = {"type": "integer", "default": HUGE}
+    rows = [{"id": f"b{i}", "tools": [tool], "messages": [
+        {"role": "user", "content": f"Weather in city {i}, n = {BIG}?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "functions.get_weather:0", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": f"c{i}", "n": BIG}}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+        {"role": "user", "content": "And tomorrow?"}]} for i in range(3)]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    path = write_config(tmp_path, "sim", [{"name": "a", "path": "a.jsonl"}])
+    path.write_text(path.read_text().replace('tokenizer = "demo"',
+                                             f"tokenizer = {json.dumps(str(k25_dir))}"))
+    out = run_cli(path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    run_dir = tmp_path / "run-dir"
+    assert count(run_dir, "SELECT COUNT(*) FROM results") == 3
+    import sqlite3
+
+    conn = sqlite3.connect(run_dir / "state.sqlite")
+    for blob, ids, n_prompt in conn.execute("SELECT request, input_ids, n_prompt FROM results"):
+        request = unpack_json(blob)
+        default = request["tools"][0]["function"]["parameters"]["properties"]["n"]["default"]
+        assert default == HUGE and type(default) is int
+        args = request["messages"][1]["tool_calls"][0]["function"]["arguments"]
+        assert json.loads(args)["n"] == BIG
+        want = official_k25.ids(request["messages"], request["tools"], add_generation_prompt=True)
+        assert list(unpack_ids(ids))[:n_prompt] == want
