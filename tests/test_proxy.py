@@ -26,7 +26,7 @@ from test_client import (
     json_handler,
     stream_handler,
 )
-from test_client_streams import run_on, tls_files  # noqa: F401  (a fixture)
+from test_client_streams import LOOPS, run_on, tls_files  # noqa: F401  (a fixture)
 
 STREAM = events(*[chunk(content=t) for t in (" a", " b", " c")], FINISH, USAGE, "[DONE]")
 
@@ -158,8 +158,9 @@ def test_wrong_proxy_credentials_are_redacted_from_the_error() -> None:
         run_on("asyncio", lambda: main(proxy))
 
 
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("stream_tick", [0.05, 0])
-def test_https_through_a_connect_tunnel(stream_tick, tls_files, monkeypatch) -> None:  # noqa: F811
+def test_https_through_a_connect_tunnel(stream_tick, loop, tls_files, monkeypatch) -> None:  # noqa: F811
     """https: one CONNECT per connection, TLS end to end through it; the batched reader
     (stream_tick > 0) and aiohttp (0) both tunnel; kept-alive connections reuse the tunnel."""
     from specgen.client.pool import H1Pool
@@ -199,6 +200,9 @@ def test_https_through_a_connect_tunnel(stream_tick, tls_files, monkeypatch) -> 
                     assert r.content == " a b c" and r.usage == USAGE["usage"]
                 await asyncio.gather(*[client.chat({**BODY, "stream": True})
                                        for _ in range(4)])
+                if stream_tick and loop == "asyncio":  # held and read by the tick, directly
+                    held = [c for c in client._pool._conns if c.reader is not None]
+                    assert held and all(c.read_step is not None for c in held)
         finally:
             await runner.cleanup()
         assert proxy.targets and set(proxy.targets) == {f"127.0.0.1:{port}"}
@@ -206,7 +210,7 @@ def test_https_through_a_connect_tunnel(stream_tick, tls_files, monkeypatch) -> 
         assert len(seen) == 7 and not any("Proxy-Authorization" in h for h in seen)
 
     with ProxyServer("alice", "hunter22") as proxy:
-        run_on("asyncio", lambda: main(proxy))
+        run_on(loop, lambda: main(proxy))
 
 
 # -- a real run ----------------------------------------------------------------------------
