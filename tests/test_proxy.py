@@ -158,6 +158,24 @@ def test_wrong_proxy_credentials_are_redacted_from_the_error() -> None:
         run_on("asyncio", lambda: main(proxy))
 
 
+@pytest.mark.parametrize("stream_tick", [0.05, 0])
+def test_a_refused_connect_is_unreachable_without_the_credentials(stream_tick) -> None:
+    async def main(proxy: ProxyServer) -> None:
+        env = {"HTTPS_PROXY": proxy.url("alice", "wrong-pass")}
+        async with ChatClient("https://127.0.0.1:9/v1", stream_tick=stream_tick,
+                              env=env) as client:
+            with pytest.raises(ApiError) as err:
+                await client.chat({**BODY, "stream": True})
+        assert err.value.kind == "unreachable" and proxy.refused == 1 and proxy.tunnels == 0
+        if stream_tick:
+            assert "407" in str(err.value) and "***@127.0.0.1" in str(err.value)
+        text = f"{err.value} {err.value.body} {err.value!r}"
+        assert "wrong-pass" not in text and "YWxpY2U6d3JvbmctcGFzcw" not in text
+
+    with ProxyServer("alice", "hunter22") as proxy:
+        run_on("asyncio", lambda: main(proxy))
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("stream_tick", [0.05, 0])
 def test_https_through_a_connect_tunnel(stream_tick, loop, tls_files, monkeypatch) -> None:  # noqa: F811

@@ -143,6 +143,7 @@ class ProxyChooser:
     def __init__(self, setting: str | bool | None = None,
                  env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
+        self._cache: dict[tuple[str, str, int], Proxy | None] = {}
         self._no_proxy = _env(env, "no_proxy")
         self._fixed: Proxy | None = None
         self._by_scheme: dict[str, Proxy | None] = {"http": None, "https": None}
@@ -176,9 +177,17 @@ class ProxyChooser:
         return tuple(out)
 
     def for_url(self, scheme: str, host: str, port: int) -> Proxy | None:
+        """The proxy for a URL (None: direct); decided once per origin."""
+        key = (scheme, host, port)
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
         proxy = self._by_scheme.get(scheme.lower())
-        if proxy is None or bypassed(host, port, self._no_proxy):
-            return None
+        if proxy is not None and bypassed(host, port, self._no_proxy):
+            proxy = None
+        if len(self._cache) < 1024:
+            self._cache[key] = proxy
         return proxy
 
     def describe(self) -> str:

@@ -350,6 +350,13 @@ class ChatClient:
                     f"connect timeout: no connection within {self.connect_timeout:g} s",
                     timeout_phase="connect",
                 ) from None
+            except aiohttp.ClientHttpProxyError as exc:  # the proxy refused CONNECT
+                att.healthy = False
+                proxy = self.proxy_for(url)
+                where = proxy.display if proxy is not None else "the proxy"
+                raise ApiError(
+                    "unreachable", f"{where} refused CONNECT: HTTP {exc.status} "
+                    f"{snippet(exc.message or '', 120)}") from None
             except (aiohttp.ClientResponseError, HttpProtocolError) as exc:
                 # the server spoke broken HTTP
                 text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
