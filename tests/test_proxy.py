@@ -150,7 +150,7 @@ def test_wrong_proxy_credentials_are_redacted_from_the_error() -> None:
             async with ChatClient(srv.url, stream_tick=0.05, env=env) as client:
                 with pytest.raises(ApiError) as err:
                     await client.chat({**BODY, "stream": True})
-        assert err.value.status == 407 and proxy.refused == 1
+        assert err.value.status == 407 and err.value.kind == "unreachable" and proxy.refused == 1
         text = f"{err.value} {err.value.body} {err.value!r}"
         assert "wrong-pass" not in text and "YWxpY2U6d3JvbmctcGFzcw" not in text
 

@@ -160,6 +160,9 @@ def error_from_response(
         provider = parsed["provider"]
     if status in (301, 302, 303, 307, 308):
         message = f"unexpected redirect to {snippet(headers.get('Location', '?'), 120)}"
+    if status == 407:  # a proxy on the way, not the API: the path to it is refused
+        kind = "unreachable"
+        message = f"the proxy refused the request (407 Proxy Authentication Required): {message}"
     usage = parsed.get("usage") if isinstance(parsed, dict) else None
     return ApiError(
         kind,
