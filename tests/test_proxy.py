@@ -266,6 +266,13 @@ def test_specgen_run_reaches_the_sim_through_the_proxy(tmp_path) -> None:
     out = run_cli(path, env={**clean, "HTTP_PROXY": dead.url(), "NO_PROXY": "127.0.0.1"},
                   timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+    # [endpoint] proxy = false: the environment's (dead) proxy is not used at all
+    path = write_config(tmp_path, "sim", [{"name": "b", "path": "b.jsonl"}], name="off",
+                        endpoint="proxy = false\n")
+    out = run_cli(path, env={**clean, "HTTP_PROXY": dead.url(), "HTTPS_PROXY": dead.url()},
+                  timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "network: no proxy" in (tmp_path / "off-dir" / "specgen.log").read_text()
 
 
 def test_stdlib_get_honours_the_same_rules() -> None:
