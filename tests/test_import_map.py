@@ -12,7 +12,7 @@ from specgen.engine.answer import pipeline
 
 SRC = Path(specgen.__file__).parent
 READERS = ("specgen.export", "specgen.report", "specgen.verify", "specgen.merge",
-           "specgen.queries", "specgen.exclusions", "specgen.liveness")
+           "specgen.queries", "specgen.exclusions", "specgen.liveness", "specgen.stats")
 
 
 def _modules() -> dict[str, Path]:

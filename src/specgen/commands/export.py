@@ -35,7 +35,23 @@ def add_parser(subparsers) -> None:
     p.add_argument("--include-excluded-providers", action="store_true",
                    help="also export samples of providers the run excluded (quality policing "
                         "or `specgen provider --exclude`); left out by default")
+    add_filter_options(p)
     p.set_defaults(func=run)
+
+
+def add_filter_options(p) -> None:
+    """The sample filters (docs/stats.md, "Filtering"); what they leave out is in the manifest."""
+    g = p.add_argument_group("sample filters (counted in the manifest: excluded.filtered)")
+    g.add_argument("--min-trainable-tokens", type=int, metavar="N",
+                   help="leave out samples with fewer than N trainable (loss-mask 1) tokens")
+    g.add_argument("--max-repetition", type=int, metavar="N",
+                   help="leave out samples whose repetition loop repeats more than N tokens "
+                        "(see specgen stats)")
+    g.add_argument("--dedup", action="store_true",
+                   help="leave out a sample whose trainable span an earlier sample of its "
+                        "dataset has")
+    g.add_argument("--drop-truncated", action="store_true",
+                   help="leave out samples cut at max_tokens (finish_reason = length)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         datasets=list(args.dataset), jsonl=args.jsonl,
         split_by_dataset=args.split_by_dataset, merge_prefix=args.merge_prefix,
         include_mismatched=args.include_mismatched,
-        include_excluded_providers=args.include_excluded_providers)
+        include_excluded_providers=args.include_excluded_providers,
+        min_trainable_tokens=args.min_trainable_tokens, max_repetition=args.max_repetition,
+        dedup=args.dedup, drop_truncated=args.drop_truncated)
     try:
         manifest = export_run(args.run_dir, opts)
     except (ExportError, StoreError) as exc:
@@ -89,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"left out {t['excluded_provider']:,} sample(s) of excluded providers "
               f"({', '.join(manifest['excluded']['providers'])}); "
               "--include-excluded-providers exports them")
+    filtered = manifest["excluded"].get("filtered")
+    if filtered:
+        parts = [f"{n:,} {why}" for why, n in filtered["by_reason"].items() if n]
+        print(f"filtered out {filtered['samples']:,} sample(s)"
+              + (f": {', '.join(parts)}" if parts else "") + " (manifest: excluded.filtered)")
     if not t["excluded_mismatch"] and opts.include_mismatched and t["count_checks"].get("mismatch"):
         print(f"included {t['count_checks']['mismatch']:,} sample(s) with count_check = mismatch")
     return 0

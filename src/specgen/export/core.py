@@ -27,6 +27,7 @@ from .conversations import (
     regenerated_conversations,
     specforge_row,
 )
+from .filters import SampleFilter
 from .snapshot import read_snapshot
 from .tokens import (
     exported_count_check,
@@ -56,6 +57,11 @@ class ExportOptions:
     merge_prefix: bool = False
     include_mismatched: bool = False  # also export samples with count_check = "mismatch"
     include_excluded_providers: bool = False  # also samples of providers the run excluded
+    # sample filters (export.filters): left out, counted in the manifest's excluded.filtered
+    min_trainable_tokens: int | None = None
+    max_repetition: int | None = None
+    dedup: bool = False
+    drop_truncated: bool = False
 
     def extension(self) -> str:
         return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
@@ -124,6 +130,11 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if opts.format not in FORMATS:
         raise ExportError(f"unknown export format {opts.format!r}; choose one of {', '.join(FORMATS)}")
+    for name in ("min_trainable_tokens", "max_repetition"):
+        value = getattr(opts, name)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ExportError(f"--{name.replace('_', '-')} must be a whole number >= 0 "
+                              f"(got {value!r})")
     if opts.merge_prefix and opts.format != "tokens":
         raise ExportError("--merge-prefix applies to --format tokens only")
     out = Path(opts.out) if opts.out else default_out(run_dir, opts)
@@ -145,8 +156,17 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
         meta = store.meta()
         stage = Staging(out, opts.split_by_dataset)
         try:
-            totals, files = _write(store, selected, stage, opts, meta)
+            sample_filter = SampleFilter(
+                min_trainable_tokens=opts.min_trainable_tokens,
+                max_repetition=opts.max_repetition, dedup=opts.dedup,
+                drop_truncated=opts.drop_truncated)
+            totals, files = _write(store, selected, stage, opts, meta, sample_filter)
             manifest = build_manifest(run_dir, meta, opts, out, selected, totals, files)
+            if sample_filter.active:
+                filtered = sample_filter.manifest()
+                manifest["excluded"]["filtered"] = filtered
+                manifest["excluded"]["samples"] += filtered["samples"]
+                manifest["excluded"]["by_reason"].update(filtered["by_reason"])
             manifest = clean_floats(manifest)
             stage.stage_manifest(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
             stage.publish()
@@ -238,7 +258,8 @@ class Staging:
 
 
 def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOptions,
-           meta: dict[str, str]) -> tuple[dict[str, DatasetTotals], list[dict[str, Any]]]:
+           meta: dict[str, str], sample_filter: SampleFilter | None = None,
+           ) -> tuple[dict[str, DatasetTotals], list[dict[str, Any]]]:
     out = stage.out
     totals = {d: DatasetTotals() for d in selected}
     writers: dict[str, Writer] = {}
@@ -269,6 +290,8 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
         excluded = excluded_provider_names(meta)
         if excluded and not opts.include_excluded_providers:
             rows_in = _without_providers(rows_in, excluded, totals)
+        if sample_filter is not None and sample_filter.active:
+            rows_in = sample_filter.apply(rows_in)
         groups = group_by_conversation(rows_in)
         if opts.format == "tokens":
             for rows, samples in token_samples(groups, merge=opts.merge_prefix):

@@ -157,8 +157,9 @@ class Model:
                  arg: str) -> Generated:
         """A planted answer: no reasoning, no tool call, the content the directive says."""
         if kind == "repeat":
-            sentence, _ = self.bank.text(rng, 6)
-            text = " ".join([sentence.strip()] * max(1, int(arg) if arg.strip().isdigit() else 20))
+            sentence, ids = self.bank.text(rng, 6)
+            want = int(arg) if arg.strip().isdigit() else 200
+            text = " ".join([sentence.strip()] * max(2, -(-want // max(1, len(ids)))))
         else:
             text = arg
         msg = AssistantMessage(content=text, reasoning="" if thinking else None)

@@ -3,7 +3,8 @@
 The last user message of a request may hold one directive; the simulator then answers as it
 says instead of sampling:
 
-* `[[sim:repeat N]]`: the content is one sentence said N times (a repetition loop);
+* `[[sim:repeat N]]`: the content is one sentence said again and again, about N tokens in
+  all (a repetition loop);
 * `[[sim:say TEXT]]`: the content is exactly TEXT, with no reasoning and no tool call (the
   same TEXT in two prompts gives identical answers; spaces only give a whitespace answer);
 * `[[sim:long N]]`: the answer is N tokens long (cut at `max_tokens` when that is less).

@@ -174,10 +174,38 @@ def compute_stats(run_dir: str | Path, opts: StatsOptions | None = None) -> dict
                              f"this run (datasets: {', '.join(names) or 'none'})")
         meta = store.meta()
         result = scan(_rows(store.conn, opts.datasets), opts)
+        add_quarantined(result, store.conn, opts.datasets)
     result["run_dir"] = str(Path(run_dir))
     result["model"] = meta.get("model")
     result["seconds"] = round(time.perf_counter() - t0, 3)
     return result
+
+
+def add_quarantined(result: dict[str, Any], conn, datasets: list[str]) -> None:
+    """Answers kept out of the samples by the run's policy (quarantine), by reason, with their
+    sample ids: an empty answer, for one, is quarantined, not stored as a sample."""
+    rows = conn.execute(
+        "SELECT q.dataset, q.reason, c.conv_id, t.turn FROM quarantine q "
+        "LEFT JOIN tasks t ON t.id = q.task LEFT JOIN conversations c ON c.id = t.conversation "
+        "ORDER BY q.id").fetchall()
+    total: dict[str, list[str]] = {}
+    per: dict[str, dict[str, list[str]]] = {}
+    for dataset, reason, conv_id, turn in rows:
+        if datasets and dataset not in datasets:
+            continue
+        ident = f"{dataset}/{conv_id}/{turn}" if conv_id is not None else f"{dataset}/?"
+        total.setdefault(reason, []).append(ident)
+        per.setdefault(dataset, {}).setdefault(reason, []).append(ident)
+
+    def as_json(by: dict[str, list[str]]) -> dict[str, Any]:
+        return {r: {"count": len(ids), "samples": ids[:LISTED]} for r, ids in sorted(by.items())}
+
+    result["total"]["quarantined"] = as_json(total)
+    for name, g in result["datasets"].items():
+        g["quarantined"] = as_json(per.get(name, {}))
+    for name in per:
+        if name not in result["datasets"]:
+            result["datasets"][name] = {"samples": 0, "quarantined": as_json(per[name])}
 
 
 class StatsError(Exception):

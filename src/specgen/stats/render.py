@@ -56,6 +56,9 @@ def group_lines(g: dict[str, Any], indent: str = "  ") -> list[str]:
         f"{g['whitespace_only']['count']:,}{_ids(g['whitespace_only'])}",
         f"{indent}scripts: {scripts}",
     ]
+    if g.get("quarantined"):
+        lines.append(f"{indent}quarantined by the run (not samples): " + ", ".join(
+            f"{r} {q['count']:,}" for r, q in g["quarantined"].items()))
     return lines
 
 
@@ -92,6 +95,12 @@ def render_text(stats: dict[str, Any], run_dir: str) -> str:
     lines = [f"stats of {stats['run_dir']} ({stats['total']['samples']:,} samples, "
              f"{stats['seconds']:.2f}s)"]
     for name, g in stats["datasets"].items():
+        if not g["samples"]:
+            lines += ["", f"dataset {name}: no samples"]
+            if g.get("quarantined"):
+                lines.append("  quarantined by the run: " + ", ".join(
+                    f"{r} {q['count']:,}" for r, q in g["quarantined"].items()))
+            continue
         lines += ["", f"dataset {name}"] + group_lines(g)
         if len(g["providers"]) > 1:
             for prov, pg in g["providers"].items():
