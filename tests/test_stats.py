@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+from array import array
 
 import pyarrow.parquet as pq
 import pytest
 
-from specgen.quality.repetition import find_loop, longest_loop, repeated_4grams
+from specgen.quality.repetition import find_loop, longest_loop, may_loop
 from specgen.stats.scripts import script_of
 from test_engine_support import ENV, SPECGEN, prompt_rows, run_cli, write_config, write_jsonl
 from test_sim_support import SimProcess
@@ -151,9 +152,17 @@ def test_repetition_detector():
     assert (loop.tokens, loop.period, loop.start) == (95, 5, 3)
     assert find_loop(ids, 64) == loop and find_loop(ids, 96) is None
     plain = list(range(1000))
-    assert repeated_4grams(plain) == 0 and find_loop(plain, 64) is None
+    assert not may_loop(array("I", plain).tobytes()) and find_loop(plain, 64) is None
     assert find_loop([3] * 100, 64).tokens == 99  # one token said 100 times
     assert find_loop(list(range(70)) * 2, 64) is None  # a block longer than max_period
+    # the prefilter never hides a loop: any stretch of 63+ repeated tokens, wherever it starts
+    for start in range(0, 40, 3):
+        for period in (1, 7, 31, 64):
+            block = list(range(1000, 1000 + period))
+            ids = list(range(start)) + block * (63 // period + 2)
+            ids = ids[:start + period + 63] + list(range(2000, 2050))
+            assert may_loop(array("I", ids).tobytes()), (start, period)
+            assert find_loop(ids, 63).tokens == 63, (start, period)
 
 
 def test_scripts():

@@ -7,13 +7,16 @@ block), so "the cat sat. the cat sat. the cat sat." (block of 4 tokens said 3 ti
 8 tokens. Ordinary text has stretches of a few tokens at most; a degenerate answer that loops
 repeats hundreds.
 
-Fast on the common case: a stretch of R repeated tokens makes at least R - 3 positions whose
-4-gram already occurred, so an answer with fewer repeated 4-grams than that cannot hold a loop
-of R tokens and is passed after one set build (no false negatives).
+Fast on the common case, and exact: a stretch of R >= 2C - 1 repeated tokens (C = min_tokens
+// 2) holds a whole C-token chunk aligned on a multiple of C, and that chunk also occurs at most
+`max_period` tokens before itself. `may_loop` looks for each aligned chunk in the bytes just
+before it (one C-level `bytes.find` per chunk); only an answer where one is found is measured
+token by token.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -30,12 +33,17 @@ class Loop(NamedTuple):
 NO_LOOP = Loop(0, 0, 0)
 
 
-def repeated_4grams(ids: Sequence[int]) -> int:
-    """Positions whose 4-gram occurred earlier in `ids`."""
-    n = len(ids) - 3
-    if n <= 1:
-        return 0
-    return n - len(set(zip(ids, ids[1:], ids[2:], ids[3:], strict=False)))
+def may_loop(blob: bytes, min_tokens: int = MIN_TOKENS, max_period: int = MAX_PERIOD) -> bool:
+    """False when the ids packed in `blob` (4 bytes each) cannot hold a loop of `min_tokens`
+    repeated tokens of a block of at most `max_period` (see the module doc)."""
+    c = min_tokens // 2
+    if c < 2:
+        return True
+    cb, back = 4 * c, 4 * max_period
+    for off in range(cb, len(blob) - cb + 1, cb):
+        if blob.find(blob[off:off + cb], max(0, off - back), off + cb - 1) != -1:
+            return True
+    return False
 
 
 def longest_loop(ids: Sequence[int], max_period: int = MAX_PERIOD) -> Loop:
@@ -55,9 +63,12 @@ def longest_loop(ids: Sequence[int], max_period: int = MAX_PERIOD) -> Loop:
 
 
 def find_loop(ids: Sequence[int], min_tokens: int = MIN_TOKENS,
-              max_period: int = MAX_PERIOD) -> Loop | None:
-    """The longest loop of `ids` when it repeats at least `min_tokens` tokens, else None."""
-    if len(ids) <= min_tokens or repeated_4grams(ids) < min_tokens - 3:
+              max_period: int = MAX_PERIOD, blob: bytes | None = None) -> Loop | None:
+    """The longest loop of `ids` when it repeats at least `min_tokens` tokens, else None.
+    `blob`: the same ids packed 4 bytes each, when the caller has them."""
+    if len(ids) <= min_tokens:
+        return None
+    if not may_loop(array("I", ids).tobytes() if blob is None else blob, min_tokens, max_period):
         return None
     loop = longest_loop(ids, max_period)
     return loop if loop.tokens >= min_tokens else None

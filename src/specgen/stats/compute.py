@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from ..quality.repetition import MAX_PERIOD, MIN_TOKENS, find_loop
+from ..quality.repetition import MAX_PERIOD, MIN_TOKENS, find_loop, may_loop
 from ..store import unpack_ids
 from .scripts import script_of
 
@@ -51,7 +52,7 @@ class Dist:
     __slots__ = ("values",)
 
     def __init__(self) -> None:
-        self.values: list[int] = []
+        self.values = array("I")  # 4 bytes a value: a million samples stay small
 
     def add(self, v: int) -> None:
         self.values.append(v)
@@ -212,13 +213,20 @@ class StatsError(Exception):
     """The stats cannot be computed (unknown dataset)."""
 
 
+def _digest(dataset: str, blob: bytes) -> int:
+    h = hashlib.blake2b(dataset.encode() + b"\0", digest_size=8)
+    h.update(blob)
+    return int.from_bytes(h.digest(), "little")
+
+
 def scan(rows, opts: StatsOptions) -> dict[str, Any]:
     """The stats of rows of `_SQL` (the one pass)."""
     total = Group()
     per_ds: dict[str, Group] = {}
     per_prov: dict[tuple[str, str], Group] = {}
-    seen_span: dict[tuple[str, bytes], str] = {}
-    seen_prompt: set[tuple[str, bytes]] = set()
+    # 64-bit digests of (dataset, ids): a collision among a million samples has odds ~3e-8
+    seen_span: set[int] = set()
+    seen_prompt: set[int] = set()
     min_rep, max_period = opts.repetition_tokens, opts.repetition_period
     for (dataset, conv_id, turn, conversation, provider, finish, message, ids_blob, n_prompt,
          tp_blob, tc_blob, completion_tokens, reasoning_tokens) in rows:
@@ -243,16 +251,15 @@ def scan(rows, opts: StatsOptions) -> dict[str, Any]:
         empty = whitespace = False
         if not n_calls and not content.strip():
             empty, whitespace = not content, bool(content)
-        span_key = (dataset, hashlib.blake2b(span_blob, digest_size=16).digest())
-        dup_of = seen_span.get(span_key)
-        if dup_of is None:
-            seen_span[span_key] = sid
-        prompt_key = (dataset, hashlib.blake2b(prompt_blob, digest_size=16).digest())
+        span_key = _digest(dataset, span_blob)
+        dup_span = span_key in seen_span
+        seen_span.add(span_key)
+        prompt_key = _digest(dataset, prompt_blob)
         dup_prompt = prompt_key in seen_prompt
         seen_prompt.add(prompt_key)
         loop = None
-        if n_c > min_rep:
-            loop = find_loop(unpack_ids(span_blob) or [], min_rep, max_period)
+        if n_c > min_rep and may_loop(span_blob, min_rep, max_period):
+            loop = find_loop(unpack_ids(span_blob) or [], min_rep, max_period, span_blob)
         text = content or (msg.get("reasoning") or "")
         script = script_of(text) if isinstance(text, str) else "none"
         for g in (total, g_ds, g_pv):
@@ -272,7 +279,7 @@ def scan(rows, opts: StatsOptions) -> dict[str, Any]:
                 g.empty.append(sid)
             if whitespace:
                 g.whitespace.append(sid)
-            if dup_of is not None:
+            if dup_span:
                 g.duplicates.append(sid)
             if dup_prompt:
                 g.duplicate_prompts += 1
