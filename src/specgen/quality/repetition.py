@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ..errors import ConfigError
 
 MAX_PERIOD = 64  # the longest repeated block looked for, in tokens
 MIN_TOKENS = 64  # a loop worth flagging repeats at least this many tokens (default threshold)
@@ -72,3 +75,45 @@ def find_loop(ids: Sequence[int], min_tokens: int = MIN_TOKENS,
         return None
     loop = longest_loop(ids, max_period)
     return loop if loop.tokens >= min_tokens else None
+
+
+ACTIONS = ("flag", "quarantine")
+
+
+@dataclass(frozen=True, slots=True)
+class RepetitionRule:
+    """`[quality] repetition`: an answer whose loop repeats `tokens`+ tokens of a block of at
+    most `period` is flagged (kept, counted by the `repetition` alarm, an event per dataset and
+    provider) or quarantined as `repetition` (and retried like any quarantine)."""
+
+    tokens: int = MIN_TOKENS
+    period: int = MAX_PERIOD
+    action: str = "flag"
+
+
+def repetition_rule(spec: Any, where: str = "config") -> RepetitionRule | None:
+    """The rule of `[quality] repetition`: false (off), true or {} (defaults), a number of
+    tokens, or a table {tokens, period, action}. Raises ConfigError naming the key."""
+    key = "quality.repetition"
+    if spec is False:
+        return None
+    if spec is True or spec is None:
+        spec = {}
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        spec = {"tokens": spec}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: {key} must be false, a number of tokens or a table "
+                          f"{{tokens, period, action}}, got {spec!r}")
+    unknown = sorted(set(spec) - {"tokens", "period", "action"})
+    if unknown:
+        raise ConfigError(f"{where}: {key} has unknown key(s) {', '.join(unknown)} "
+                          "(known: tokens, period, action)")
+    rule = RepetitionRule(**spec)
+    for name in ("tokens", "period"):
+        value = getattr(rule, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: {key}.{name} must be an integer >= 1, got {value!r}")
+    if rule.action not in ACTIONS:
+        raise ConfigError(f"{where}: {key}.action must be one of {', '.join(ACTIONS)}, got "
+                          f"{rule.action!r}")
+    return rule
