@@ -260,7 +260,7 @@ def scan(rows, opts: StatsOptions) -> dict[str, Any]:
         loop = None
         if n_c > min_rep and may_loop(span_blob, min_rep, max_period):
             loop = find_loop(unpack_ids(span_blob) or [], min_rep, max_period, span_blob)
-        text = content or (msg.get("reasoning") or "")
+        text = content or msg.get("reasoning_content") or msg.get("reasoning") or ""
         script = script_of(text) if isinstance(text, str) else "none"
         for g in (total, g_ds, g_pv):
             g.samples += 1
