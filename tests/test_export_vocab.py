@@ -3,8 +3,8 @@ here on the tokens export of the same samples; d2t / t2d pick the most frequent 
 load as the trainers load them: `np.load` (speculators' trainer reads d2t.npy / t2d.npy) and,
 in the trainers' side venv (SPECGEN_SPECULATORS_PYTHON, see docs/outputs.md), speculators' own
 `build_vocab_mappings_from_distribution` gives the same mapping from our frequencies; with torch
-installed, SpecForge's `load_vocab_mapping` reads vocab_mapping.pt. This file is also the
-probe run there (`python tests/test_export_vocab.py VOCAB_DIR RESULT.json`)."""
+installed, SpecForge's `load_vocab_mapping` reads vocab_mapping.pt (tests/vocab_probe.py runs
+there)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,12 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-try:
-    import pytest
+import pytest
 
-    from test_stats import cli, planted_run  # noqa: F401 - the seeded run fixture
-except ImportError:  # the probe runs in the trainers' interpreter, without specgen's tests
-    pytest = None
+from test_stats import cli, planted_run  # noqa: F401 - the seeded run fixture
 
 
 def read_npy(path: Path) -> tuple[str, list]:
@@ -96,35 +92,6 @@ def test_bad_sizes_are_messages(planted_run, tmp_path, args, message):  # noqa: 
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def probe(vocab_dir: str, out_path: str) -> None:
-    """In the trainers' venv: their loaders on our files."""
-    import numpy as np
-    import torch
-    from speculators.data_generation.vocab_mapping import build_vocab_mappings_from_distribution
-
-    d = Path(vocab_dir)
-    manifest = json.loads((d / "manifest.json").read_text())
-    freq = {int(k): v for k, v in json.loads((d / "token_freq.json").read_text()).items()}
-    d2t, t2d = build_vocab_mappings_from_distribution(
-        freq, manifest["vocab"]["draft_vocab_size"], manifest["vocab"]["target_vocab_size"])
-    result = {"d2t_equal": np.load(d / "d2t.npy").tolist() == d2t.tolist(),
-              "t2d_equal": np.load(d / "t2d.npy").tolist() == t2d.tolist(),
-              "d2t_dtype": str(np.load(d / "d2t.npy").dtype),
-              "t2d_dtype": str(np.load(d / "t2d.npy").dtype)}
-    if (d / "token_freq.pt").exists():
-        result["token_freq_pt_equal"] = torch.load(d / "token_freq.pt", weights_only=True) == freq
-    if (d / "vocab_mapping.pt").exists():
-        from specforge.modeling.draft.base import Eagle3DraftModel
-
-        holder = torch.nn.Module()
-        holder.register_buffer("d2t", torch.zeros(len(d2t), dtype=torch.long))
-        holder.register_buffer("t2d", torch.zeros(len(t2d), dtype=torch.bool))
-        Eagle3DraftModel.load_vocab_mapping(holder, str(d / "vocab_mapping.pt"))
-        result["specforge_equal"] = (holder.d2t.tolist() == d2t.tolist()
-                                     and holder.t2d.tolist() == t2d.tolist())
-    Path(out_path).write_text(json.dumps(result))
-
-
 def trainers_python() -> str:
     env = os.environ.get("SPECGEN_SPECULATORS_PYTHON")
     if not env or not Path(env).exists():
@@ -136,18 +103,23 @@ def trainers_python() -> str:
 def test_the_trainers_load_it(planted_run, tmp_path):  # noqa: F811
     python = trainers_python()
     out = tmp_path / "vocab"
-    proc = cli("export", str(planted_run), "-f", "vocab", "--draft-vocab-size", "256",
-               "-o", str(out))
-    assert proc.returncode == 0, proc.stderr
+    args = ["export", str(planted_run), "-f", "vocab", "--draft-vocab-size", "256", "-o", str(out)]
+    # specgen itself in the trainers' interpreter (it has torch): the .pt files get written
+    src = Path(__file__).resolve().parents[1] / "src"
+    proc = subprocess.run([python, "-m", "specgen", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(src)})
+    with_torch = proc.returncode == 0
+    if not with_torch:  # specgen's own dependencies are not all there: the .npy files only
+        proc = cli(*args)
+        assert proc.returncode == 0, proc.stderr
     result_path = tmp_path / "result.json"
-    run = subprocess.run([python, __file__, str(out), str(result_path)], capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run([python, str(Path(__file__).with_name("vocab_probe.py")), str(out),
+                          str(result_path)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(result_path.read_text())
-    assert result["d2t_equal"] and result["t2d_equal"], result
+    assert result["d2t_equal"] and result["t2d_equal"] and result["trainer_equal"], result
     assert (result["d2t_dtype"], result["t2d_dtype"]) == ("int64", "bool")
     assert all(v for k, v in result.items() if k.endswith("_equal")), result
+    if with_torch:
+        assert result.get("token_freq_pt_equal") and result.get("specforge_equal"), result
 
-
-if __name__ == "__main__":
-    probe(sys.argv[1], sys.argv[2])

@@ -10,7 +10,8 @@ up with the lowest unused ids when fewer were seen, in ascending id order. Then
 
 Files, in one directory (default RUN_DIR/exports/vocab/):
 
-* `d2t.npy`, `t2d.npy`: speculators' layout (its trainer loads them with `np.load`); written
+* `d2t.npy`, `t2d.npy` and the same as `d2t-N.npy`, `t2d-N.npy` (N: the draft size, the names
+  speculators' trainer looks for in its data dir): speculators' layout (`np.load`); written
   without numpy;
 * `token_freq.json`: {"token id": count}, every trained token seen;
 * with torch installed (`pip install 'specgen[vocab]'`): `token_freq.pt` (speculators:
@@ -108,8 +109,13 @@ def write_vocab_files(stage, out: Path, counts: Counter[int], draft_size: int,
             f.write(data)
         files.append(name)
 
-    put("d2t.npy", npy_bytes("<i8", int64_le(d2t), len(d2t)))
-    put("t2d.npy", npy_bytes("|b1", bytes(t2d), len(t2d)))
+    d2t_npy = npy_bytes("<i8", int64_le(d2t), len(d2t))
+    t2d_npy = npy_bytes("|b1", bytes(t2d), len(t2d))
+    put("d2t.npy", d2t_npy)
+    put("t2d.npy", t2d_npy)
+    # the names speculators' trainer (0.9) looks for in its data dir for --draft-vocab-size N
+    put(f"d2t-{draft_size}.npy", d2t_npy)
+    put(f"t2d-{draft_size}.npy", t2d_npy)
     put("token_freq.json", orjson.dumps({str(k): v for k, v in sorted(counts.items())}))
     torch_note = None
     try:
@@ -139,7 +145,8 @@ def write_vocab_files(stage, out: Path, counts: Counter[int], draft_size: int,
         "layout": {
             "d2t": "int64 offsets: target id = draft id + d2t[draft id]",
             "t2d": "bool per target id: in the draft vocabulary",
-            "speculators": "d2t.npy, t2d.npy, token_freq.pt (data dir of its trainer)",
+            "speculators": "d2t.npy, t2d.npy (also as d2t-N.npy, t2d-N.npy: its trainer's "
+                           "data-dir names), token_freq.pt",
             "specforge": "vocab_mapping.pt ({'d2t', 't2d'}; draft model load_vocab_mapping)",
         },
     }
