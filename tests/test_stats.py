@@ -171,3 +171,21 @@ def test_scripts():
     assert script_of("Привет, как дела?") == "cyrillic"
     assert script_of("123 !!") == "none" and script_of("") == "none"
     assert script_of("안녕하세요 반갑습니다") == "hangul"
+
+
+def test_duplicate_prompts_are_the_n_samples_of_a_prompt(tmp_path):
+    """`n = 3` samples per prompt: every prompt's 2nd and 3rd samples repeat its prompt ids
+    (duplicate prompts), while the sampled answers differ (no duplicate samples)."""
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(5, prefix="q"))
+    sim = SimProcess(tmp_path, '[length]\ndistribution = "fixed"\ntokens = 40\n', seed=5)
+    try:
+        cfg = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl", "n": 3}],
+                           sampling="max_tokens = 200\nreasoning = false")
+        proc = run_cli(cfg)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    finally:
+        sim.stop()
+    t = stats_json(tmp_path / "run-dir")["total"]
+    assert t["samples"] == 15 and t["conversations"] == 15
+    assert t["duplicate_prompts"]["count"] == 10
+    assert t["duplicates"]["count"] == 0
