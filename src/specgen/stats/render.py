@@ -111,7 +111,9 @@ def render_text(stats: dict[str, Any], run_dir: str) -> str:
         lines += ["", "all datasets"] + group_lines(stats["total"])
     found = ready_list(stats, run_dir)
     lines += ["", "ready to train?"]
-    if not found:
+    if not stats["total"]["samples"]:
+        lines.append("  no samples yet")
+    elif not found:
         lines.append("  yes: no truncation, repetition loop, duplicate or empty answer found")
     for f in found:
         mark = "!" if f["above_threshold"] else "-"
