@@ -99,6 +99,21 @@ class Group:
         self.scripts: dict[str, int] = {}
         self.conversations: dict[int, int] = {}  # conversation row id -> samples
 
+    def merge(self, o: Group) -> None:
+        """Add the common figures of `o` (not its findings: those are kept in every group)."""
+        self.samples += o.samples
+        for mine, theirs in ((self.prompt, o.prompt), (self.completion, o.completion),
+                             (self.trainable, o.trainable), (self.calls, o.calls)):
+            mine.values.extend(theirs.values)
+        for mine, theirs in ((self.finish, o.finish), (self.scripts, o.scripts),
+                             (self.conversations, o.conversations)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        self.reasoning_tokens += o.reasoning_tokens
+        self.reasoning_of += o.reasoning_of
+        self.with_calls += o.with_calls
+        self.duplicate_prompts += o.duplicate_prompts
+
     def to_json(self, opts: StatsOptions) -> dict[str, Any]:
         n = self.samples
         cut = self.finish.get("length", 0)
@@ -262,32 +277,40 @@ def scan(rows, opts: StatsOptions) -> dict[str, Any]:
             loop = find_loop(unpack_ids(span_blob) or [], min_rep, max_period, span_blob)
         text = content or msg.get("reasoning_content") or msg.get("reasoning") or ""
         script = script_of(text) if isinstance(text, str) else "none"
-        for g in (total, g_ds, g_pv):
-            g.samples += 1
-            g.prompt.add(n_p)
-            g.completion.add(n_c)
-            g.trainable.add(n_c)
-            f = finish or "(none)"
-            g.finish[f] = g.finish.get(f, 0) + 1
-            if reasoning_tokens is not None and completion_tokens:
-                g.reasoning_tokens += reasoning_tokens
-                g.reasoning_of += completion_tokens
-            if n_calls:
-                g.with_calls += 1
-                g.calls.add(n_calls)
-            if empty:
-                g.empty.append(sid)
-            if whitespace:
-                g.whitespace.append(sid)
-            if dup_span:
-                g.duplicates.append(sid)
-            if dup_prompt:
-                g.duplicate_prompts += 1
-            if loop is not None:
-                g.loops.append({"sample": sid, "tokens": loop.tokens, "period": loop.period,
-                                "start": loop.start})
-            g.scripts[script] = g.scripts.get(script, 0) + 1
-            g.conversations[conversation] = g.conversations.get(conversation, 0) + 1
+        # the common figures go to the provider's group only (merged into its dataset's and
+        # the run's at the end); the rare findings, with their sample ids, to all three
+        g = g_pv
+        g.samples += 1
+        g.prompt.add(n_p)
+        g.completion.add(n_c)
+        g.trainable.add(n_c)
+        f = finish or "(none)"
+        g.finish[f] = g.finish.get(f, 0) + 1
+        if reasoning_tokens is not None and completion_tokens:
+            g.reasoning_tokens += reasoning_tokens
+            g.reasoning_of += completion_tokens
+        if n_calls:
+            g.with_calls += 1
+            g.calls.add(n_calls)
+        if dup_prompt:
+            g.duplicate_prompts += 1
+        g.scripts[script] = g.scripts.get(script, 0) + 1
+        g.conversations[conversation] = g.conversations.get(conversation, 0) + 1
+        if empty or whitespace or dup_span or loop is not None:
+            for g in (total, g_ds, g_pv):
+                if empty:
+                    g.empty.append(sid)
+                if whitespace:
+                    g.whitespace.append(sid)
+                if dup_span:
+                    g.duplicates.append(sid)
+                if loop is not None:
+                    g.loops.append({"sample": sid, "tokens": loop.tokens,
+                                    "period": loop.period, "start": loop.start})
+    for (d, _), pg in sorted(per_prov.items()):
+        per_ds[d].merge(pg)
+    for g in per_ds.values():
+        total.merge(g)
     datasets = {}
     for name, g in per_ds.items():
         datasets[name] = {**g.to_json(opts), "providers": {
