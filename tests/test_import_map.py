@@ -12,7 +12,7 @@ from specgen.engine.answer import pipeline
 
 SRC = Path(specgen.__file__).parent
 READERS = ("specgen.export", "specgen.report", "specgen.verify", "specgen.merge",
-           "specgen.queries", "specgen.exclusions", "specgen.liveness")
+           "specgen.queries", "specgen.exclusions", "specgen.liveness", "specgen.stats")
 
 
 def _modules() -> dict[str, Path]:
@@ -123,6 +123,6 @@ def test_readers_never_import_the_engine():
 def test_the_answer_path_is_its_stage_modules_in_order():
     names = [f"{stage.__module__.rsplit('.', 1)[1]}.{stage.__name__}" for stage in pipeline.STAGES]
     assert names == ["accept.check", "normalise.check", "witness.check", "quality.check",
-                     "record.check"]
+                     "repetition.check", "record.check"]
     for stage in pipeline.STAGES:  # one module per decision, each with its one entry point
         assert stage.__module__.startswith("specgen.engine.answer.")

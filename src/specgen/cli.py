@@ -16,6 +16,7 @@ COMMANDS = [
     "stop",
     "provider",
     "probe",
+    "stats",
     "export",
     "verify",
     "report",

@@ -216,6 +216,9 @@ class QualityConfig:
     # alarm's threshold / min_samples / false (quality.alarms.ALARMS holds the defaults).
     on_alarm: Literal["stop", "pause_dataset", "warn"] = "stop"
     alarms: dict[str, Any] | bool = field(default_factory=dict)
+    # repetition loops in the sampled ids (quality.repetition): false, tokens, or
+    # {tokens, period, action = "flag" | "quarantine"}; flagged at 64+ tokens by default
+    repetition: dict[str, Any] | bool | int = field(default_factory=dict)
 
 
 @dataclass
@@ -475,7 +478,9 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
 def _validate_quality(q: QualityConfig, where: str) -> None:
     """Policing thresholds are shares, counts are positive, alarms parse (quality.alarms)."""
     from .quality.alarms import alarm_rules
+    from .quality.repetition import repetition_rule
 
+    repetition_rule(q.repetition, where)
     for key in ("min_schema_accuracy", "min_count_agreement", "max_quarantine_rate",
                 "max_mismatch_rate"):
         value = getattr(q, key)

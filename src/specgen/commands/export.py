@@ -15,9 +15,11 @@ def add_parser(subparsers) -> None:
                     "unchanged, with a manifest JSON next to them. Safe while the run is "
                     "still writing (one consistent snapshot per export).")
     add_run_dir(p)
-    p.add_argument("--format", "-f", required=True, choices=["tokens", "specforge", "openai"],
+    p.add_argument("--format", "-f", required=True, choices=["tokens", "specforge", "openai", "vocab"],
                    help="tokens: input_ids + loss_mask (Parquet, or JSONL with --jsonl); "
-                        "specforge: SpecForge conversation JSONL; openai: OpenAI messages JSONL")
+                        "specforge: SpecForge conversation JSONL; openai: OpenAI messages JSONL; "
+                        "vocab: trained-token frequencies + the draft vocabulary's d2t/t2d "
+                        "(a directory)")
     p.add_argument("-o", "--output", metavar="PATH",
                    help="output file (a directory with --split-by-dataset); "
                         "default RUN_DIR/exports/FORMAT.EXT")
@@ -35,7 +37,28 @@ def add_parser(subparsers) -> None:
     p.add_argument("--include-excluded-providers", action="store_true",
                    help="also export samples of providers the run excluded (quality policing "
                         "or `specgen provider --exclude`); left out by default")
+    p.add_argument("--draft-vocab-size", type=int, metavar="N",
+                   help="vocab: the draft vocabulary's size (default 32000, or the target's "
+                        "when smaller)")
+    p.add_argument("--target-vocab-size", type=int, metavar="N",
+                   help="vocab: the target's vocabulary size (default: the run's tokenizer's)")
+    add_filter_options(p)
     p.set_defaults(func=run)
+
+
+def add_filter_options(p) -> None:
+    """The sample filters (docs/stats.md, "Filtering"); what they leave out is in the manifest."""
+    g = p.add_argument_group("sample filters (counted in the manifest: excluded.filtered)")
+    g.add_argument("--min-trainable-tokens", type=int, metavar="N",
+                   help="leave out samples with fewer than N trainable (loss-mask 1) tokens")
+    g.add_argument("--max-repetition", type=int, metavar="N",
+                   help="leave out samples whose repetition loop repeats more than N tokens "
+                        "(see specgen stats)")
+    g.add_argument("--dedup", action="store_true",
+                   help="leave out a sample whose trainable span an earlier sample of its "
+                        "dataset has")
+    g.add_argument("--drop-truncated", action="store_true",
+                   help="leave out samples cut at max_tokens (finish_reason = length)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
         datasets=list(args.dataset), jsonl=args.jsonl,
         split_by_dataset=args.split_by_dataset, merge_prefix=args.merge_prefix,
         include_mismatched=args.include_mismatched,
-        include_excluded_providers=args.include_excluded_providers)
+        include_excluded_providers=args.include_excluded_providers,
+        min_trainable_tokens=args.min_trainable_tokens, max_repetition=args.max_repetition,
+        dedup=args.dedup, drop_truncated=args.drop_truncated,
+        draft_vocab_size=args.draft_vocab_size, target_vocab_size=args.target_vocab_size)
     try:
         manifest = export_run(args.run_dir, opts)
     except (ExportError, StoreError) as exc:
@@ -78,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
     for f in manifest["files"]:
         print(f"wrote {f['rows']:,} rows to "
               f"{tidy(out / f['path'] if opts.split_by_dataset else out)}")
+    if "vocab" in manifest:
+        v = manifest["vocab"]
+        cov = "-" if v["coverage"] is None else f"{100 * v['coverage']:.2f}%"
+        print(f"wrote {', '.join(v['files'])} to {tidy(out)}: draft vocabulary of "
+              f"{v['draft_vocab_size']:,} of {v['target_vocab_size']:,} ids covers {cov} of "
+              f"{v['trained_tokens']:,} trained tokens ({v['distinct_trained_tokens']:,} "
+              "distinct)")
+        if "not installed" in v["torch"]:
+            print(v["torch"])
     print(f"{t['samples']:,} samples, {t['tokens']:,} tokens ({t['loss_tokens']:,} trained on); "
           f"manifest {tidy(manifest['manifest_path'])}")
     if t["true_id_samples"]:
@@ -89,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"left out {t['excluded_provider']:,} sample(s) of excluded providers "
               f"({', '.join(manifest['excluded']['providers'])}); "
               "--include-excluded-providers exports them")
+    filtered = manifest["excluded"].get("filtered")
+    if filtered:
+        parts = [f"{n:,} {why}" for why, n in filtered["by_reason"].items() if n]
+        print(f"filtered out {filtered['samples']:,} sample(s)"
+              + (f": {', '.join(parts)}" if parts else "") + " (manifest: excluded.filtered)")
     if not t["excluded_mismatch"] and opts.include_mismatched and t["count_checks"].get("mismatch"):
         print(f"included {t['count_checks']['mismatch']:,} sample(s) with count_check = mismatch")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from .conversations import (
     regenerated_conversations,
     specforge_row,
 )
+from .filters import SampleFilter
 from .snapshot import read_snapshot
 from .tokens import (
     exported_count_check,
@@ -36,9 +38,10 @@ from .tokens import (
     token_row,
     token_samples,
 )
+from .vocab import DEFAULT_DRAFT_VOCAB, VocabError, count_trained, write_vocab_files
 from .writers import JsonlWriter, ParquetWriter, Writer
 
-FORMATS = ("tokens", "specforge", "openai")
+FORMATS = ("tokens", "specforge", "openai", "vocab")
 DICT_TOTALS = ("count_checks", "tool_matches", "providers", "quantizations")
 
 
@@ -56,9 +59,23 @@ class ExportOptions:
     merge_prefix: bool = False
     include_mismatched: bool = False  # also export samples with count_check = "mismatch"
     include_excluded_providers: bool = False  # also samples of providers the run excluded
+    # sample filters (export.filters): left out, counted in the manifest's excluded.filtered
+    min_trainable_tokens: int | None = None
+    max_repetition: int | None = None
+    dedup: bool = False
+    drop_truncated: bool = False
+    # --format vocab (export.vocab): the draft vocabulary's size; the target's (default: the
+    # run's tokenizer)
+    draft_vocab_size: int | None = None  # None: 32000, or the target's size when smaller
+    target_vocab_size: int | None = None
 
     def extension(self) -> str:
         return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
+
+    @property
+    def as_directory(self) -> bool:
+        """The export is a directory (one file per dataset, or the vocab's files)."""
+        return self.split_by_dataset or self.format == "vocab"
 
 
 @dataclass
@@ -107,7 +124,7 @@ class DatasetTotals:
 
 def default_out(run_dir: Path, opts: ExportOptions) -> Path:
     base = Path(run_dir) / "exports"
-    return base / opts.format if opts.split_by_dataset else base / f"{opts.format}{opts.extension()}"
+    return base / opts.format if opts.as_directory else base / f"{opts.format}{opts.extension()}"
 
 
 def manifest_path(out: Path, split: bool) -> Path:
@@ -124,12 +141,20 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if opts.format not in FORMATS:
         raise ExportError(f"unknown export format {opts.format!r}; choose one of {', '.join(FORMATS)}")
+    for name in ("min_trainable_tokens", "max_repetition"):
+        value = getattr(opts, name)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ExportError(f"--{name.replace('_', '-')} must be a whole number >= 0 "
+                              f"(got {value!r})")
     if opts.merge_prefix and opts.format != "tokens":
         raise ExportError("--merge-prefix applies to --format tokens only")
     out = Path(opts.out) if opts.out else default_out(run_dir, opts)
-    if opts.split_by_dataset and out.exists() and not out.is_dir():
-        raise ExportError(f"{out}: --split-by-dataset writes a directory, but a file is there")
-    if not opts.split_by_dataset and out.is_dir():
+    if opts.as_directory and out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: {'--format vocab' if opts.format == 'vocab' else '--split-by-dataset'} "
+                          "writes a directory, but a file is there")
+    if opts.format == "vocab" and opts.split_by_dataset:
+        raise ExportError("--split-by-dataset does not apply to --format vocab")
+    if not opts.as_directory and out.is_dir():
         raise ExportError(f"{out} is a directory; give a file name (or use --split-by-dataset)")
 
     import orjson
@@ -143,10 +168,28 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
                 f"(datasets: {', '.join(names) or 'none'})")
         selected = [d for d in names if not opts.datasets or d in opts.datasets]
         meta = store.meta()
-        stage = Staging(out, opts.split_by_dataset)
+        stage = Staging(out, opts.as_directory)
         try:
-            totals, files = _write(store, selected, stage, opts, meta)
+            sample_filter = SampleFilter(
+                min_trainable_tokens=opts.min_trainable_tokens,
+                max_repetition=opts.max_repetition, dedup=opts.dedup,
+                drop_truncated=opts.drop_truncated)
+            counts: Counter[int] | None = Counter() if opts.format == "vocab" else None
+            totals, files = _write(store, selected, stage, opts, meta, sample_filter, counts)
             manifest = build_manifest(run_dir, meta, opts, out, selected, totals, files)
+            if counts is not None:
+                try:
+                    target = opts.target_vocab_size or target_vocab_size(meta)
+                    draft = (min(DEFAULT_DRAFT_VOCAB, target) if opts.draft_vocab_size is None
+                             else opts.draft_vocab_size)
+                    manifest["vocab"] = write_vocab_files(stage, out, counts, draft, target)
+                except VocabError as exc:
+                    raise ExportError(str(exc)) from None
+            if sample_filter.active:
+                filtered = sample_filter.manifest()
+                manifest["excluded"]["filtered"] = filtered
+                manifest["excluded"]["samples"] += filtered["samples"]
+                manifest["excluded"]["by_reason"].update(filtered["by_reason"])
             manifest = clean_floats(manifest)
             stage.stage_manifest(orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n")
             stage.publish()
@@ -238,7 +281,9 @@ class Staging:
 
 
 def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOptions,
-           meta: dict[str, str]) -> tuple[dict[str, DatasetTotals], list[dict[str, Any]]]:
+           meta: dict[str, str], sample_filter: SampleFilter | None = None,
+           counts: Counter[int] | None = None,
+           ) -> tuple[dict[str, DatasetTotals], list[dict[str, Any]]]:
     out = stage.out
     totals = {d: DatasetTotals() for d in selected}
     writers: dict[str, Writer] = {}
@@ -260,7 +305,7 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
             writers[key] = _open_writer(path, stage.temp_for(path), opts, meta)
         return writers[key]
 
-    if not opts.split_by_dataset:
+    if not opts.as_directory:
         writer_for("")  # one file, even when the run has no samples yet
     try:
         rows_in = _checked(store.iter_results(selected))
@@ -269,8 +314,17 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
         excluded = excluded_provider_names(meta)
         if excluded and not opts.include_excluded_providers:
             rows_in = _without_providers(rows_in, excluded, totals)
+        if sample_filter is not None and sample_filter.active:
+            rows_in = sample_filter.apply(rows_in)
+        if counts is not None:
+            rows_in = count_trained(rows_in, counts)
         groups = group_by_conversation(rows_in)
-        if opts.format == "tokens":
+        if opts.format == "vocab":
+            for rows in groups:
+                t = totals[rows[0].dataset]
+                t.add_samples(rows)
+                t.exported_tokens += sum(len(exported_ids(r)[0]) for r in rows)
+        elif opts.format == "tokens":
             for rows, samples in token_samples(groups, merge=opts.merge_prefix):
                 t = totals[rows[0].dataset]
                 t.add_samples(rows)
@@ -298,6 +352,21 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
             w.abort()
         raise
     return totals, files
+
+
+def target_vocab_size(meta: dict[str, str]) -> int:
+    """The vocabulary size of the run's tokenizer (its config's `target.tokenizer`)."""
+    import orjson
+
+    from ..tokenizer import load_tokenizer
+
+    try:
+        spec = orjson.loads(meta.get("config_json") or "{}")["target"]["tokenizer"]
+        return int(load_tokenizer(spec).vocab_size)
+    except Exception as exc:  # noqa: BLE001 - any failure: the user gives the size
+        raise ExportError(f"the run's tokenizer cannot be loaded to learn the target's "
+                          f"vocabulary size ({type(exc).__name__}: {exc}); give "
+                          "--target-vocab-size") from None
 
 
 def _checked(rows):

@@ -37,6 +37,7 @@ ALARMS: dict[str, tuple[float, int, bool, str]] = {
     "quarantine": (0.3, 20, False, "answers quarantined for a reason no other alarm watches"),
     "empty": (0.2, 20, False, "empty answers"),
     "length": (0.5, 20, False, "answers cut at max_tokens (finish_reason length)"),
+    "repetition": (0.1, 20, False, "answers with a repetition loop ([quality] repetition)"),
 }
 ACTIONS = ("stop", "pause_dataset", "warn")
 
@@ -137,6 +138,8 @@ def _relevant(name: str, o: Observation) -> bool | None:
         return quarantined and o.reason == "empty"
     if name == "length":
         return o.truncated or (quarantined and o.reason == "length")
+    if name == "repetition":
+        return o.repetition
     return None
 
 

@@ -26,7 +26,8 @@ SCHEMA_FAILURES = frozenset({"schema_mismatch", "bad_tool_arguments", "unknown_t
 JUDGED = frozenset({"exact", "repaired", "mismatch"})  # count-witness verdicts that judge
 # Quarantine reasons another figure watches (schema, count, markers, empty, length): the
 # quarantine rate counts the others, so one cause never trips two figures.
-OWN_FIGURE = SCHEMA_FAILURES | MARKER_QUARANTINES | {"count_mismatch", "empty", "length"}
+OWN_FIGURE = SCHEMA_FAILURES | MARKER_QUARANTINES | {"count_mismatch", "empty", "length",
+                                                      "repetition"}
 UNKNOWN = "(unknown)"
 
 
@@ -60,6 +61,7 @@ class Observation:
     truncated: bool = False
     quantization_mismatch: bool = False
     after_tool_result: bool = False  # the request's last message is a tool result
+    repetition: bool = False  # a repetition loop was found in the sampled ids
 
     @classmethod
     def of_answer(cls, *, provider: str | None, dataset: str, task: int, outcome: str,
@@ -68,7 +70,7 @@ class Observation:
                   api_calls: bool = False, message_calls: bool | None = None,
                   repairs: Sequence[str] = (), count_check: str | None = None,
                   finish_reason: str | None = None, quantization_mismatch: bool = False,
-                  after_tool_result: bool = False) -> Observation:
+                  after_tool_result: bool = False, repetition: bool = False) -> Observation:
         """The observation of an answer from its raw fields (`content`, `reasoning`,
         `api_calls`: the API returned structured calls) and what the engine made of it
         (`message_calls`: the kept message has calls; `repairs`; `count_check`)."""
@@ -83,7 +85,8 @@ class Observation:
                    count_check=count_check if count_check in JUDGED else None,
                    truncated=finish_reason == "length",
                    quantization_mismatch=quantization_mismatch,
-                   after_tool_result=after_tool_result)
+                   after_tool_result=after_tool_result,
+                   repetition=repetition or reason == "repetition")
 
 
 class Rolling:

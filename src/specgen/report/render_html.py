@@ -16,6 +16,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
 caption{text-align:left;font-weight:600;padding:.3em 0}
 .charts{display:flex;flex-wrap:wrap;gap:1em}.note{color:#666;font-size:12px}
 nav a{margin-right:1em}
+.alert{background:#fde8e8;border-left:4px solid #c62828;padding:.4em .8em;font-weight:600}
 """
 
 
@@ -27,6 +28,8 @@ def render_html(sections: list[Section], title: str) -> str:
     out.append("</nav>")
     for s in sections:
         out.append(f'<section id="{s.id}"><h2>{escape(s.title)}</h2>')
+        for alert in s.alerts:
+            out.append(f'<p class="alert">{escape(alert)}</p>')
         for note in s.notes:
             out.append(f'<p class="note">{escape(note)}</p>')
         charts = [c for c in s.charts if c] + [

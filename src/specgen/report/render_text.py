@@ -12,6 +12,7 @@ def render_text(sections: list[Section], title: str) -> str:
     out = [title, "=" * len(title)]
     for s in sections:
         out += ["", s.title, "-" * len(s.title)]
+        out += [f"  !! {a}" for a in s.alerts]
         out += [f"  ({n})" for n in s.notes]
         for t in s.tables:
             out.append(f"{t.title}:")

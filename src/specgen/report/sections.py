@@ -12,7 +12,7 @@ from . import svg
 from .stats import RunStats, percentile
 
 SECTION_IDS = ("summary", "tokens-cost", "completion-lengths", "finish-reasons", "errors",
-               "latency", "repairs-quarantine", "budget-stop")
+               "latency", "repairs-quarantine", "budget-stop", "data-quality")
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Section:
     charts: list[str] = field(default_factory=list)  # inline SVG (HTML only)
     histograms: list[Histogram] = field(default_factory=list)  # drawn in both renderings
     notes: list[str] = field(default_factory=list)
+    alerts: list[str] = field(default_factory=list)  # shown highlighted (above a threshold)
 
 
 def usd(v: float | None) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import DEFAULT_SUPPORTED_PARAMETERS, SimConfig
+from .plant import planted
 from .routing import VARIANT_SORT, BadRequest, parse_preferences
 
 # Body keys that count as "parameters" for provider.require_parameters.
@@ -53,6 +54,7 @@ class ChatRequest:
     call_rate: float | None = None
     schema_violation_rate: float = 0.0
     tools_ignored: bool = False  # quirk tools_ignored: no declaration, no tool parser
+    planted: tuple[str, str] | None = None  # a `[[sim:...]]` directive (sim.plant)
 
 
 def parse_chat_request(body: Any, cfg: SimConfig, *, ids_header: bool = False) -> ChatRequest:
@@ -165,7 +167,7 @@ class ChatParser:
             served, sort, messages, tools, tool_choice, get("parallel_tool_calls") is not False,
             stream, max_tokens, stop, thinking, effort, r_max, exclude, provider, params,
             want or ids_header, seed, prior_calls, history_tool,
-            after_tool_result=messages[-1]["role"] == "tool",
+            after_tool_result=messages[-1]["role"] == "tool", planted=planted(messages),
         )
 
 

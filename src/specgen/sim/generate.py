@@ -22,6 +22,7 @@ from ..conversation import AssistantMessage, ToolCall
 from ..render.base import Renderer
 from ..render.kimi import KimiRenderer
 from .config import SimConfig
+from .plant import planted
 from .schema import ArgumentGenerator, violate
 from .text import TextBank
 
@@ -56,6 +57,7 @@ class GenRequest:
     # tools are offered (None: [tool_calls]) and the share of calls that break their schema.
     call_rate: float | None = None
     schema_violation_rate: float = 0.0
+    planted: tuple[str, str] | None = None  # a `[[sim:...]]` directive (sim.plant)
 
 
 @dataclass(slots=True)
@@ -109,6 +111,11 @@ class Model:
         renderer = self.renderers[req.thinking]
         thinking = self._thinks[req.thinking]
         total = self.sample_length(rng)
+        plant = req.planted if req.planted is not None else planted(req.messages)
+        if plant is not None and plant[0] == "long" and plant[1].strip().isdigit():
+            total = max(1, int(plant[1]))
+        elif plant is not None:
+            return self._planted(req, renderer, thinking, rng, *plant)
         calls = self._tool_calls(req, rng) if req.tools or req.force_raw_tool_call else []
         reasoning_n = 0
         if thinking:
@@ -145,6 +152,19 @@ class Model:
         elif known is not None and not calls and self._plain_template.get(thinking):
             out.plain = (r_text if r_ids else None, c_text, len(r_ids))
         return out
+
+    def _planted(self, req, renderer, thinking: bool, rng: random.Random, kind: str,
+                 arg: str) -> Generated:
+        """A planted answer: no reasoning, no tool call, the content the directive says."""
+        if kind == "repeat":
+            sentence, ids = self.bank.text(rng, 6)
+            want = int(arg) if arg.strip().isdigit() else 200
+            text = " ".join([sentence.strip()] * max(2, -(-want // max(1, len(ids)))))
+        else:
+            text = arg
+        msg = AssistantMessage(content=text, reasoning="" if thinking else None)
+        ids = renderer.completion_ids(msg, context=req.messages, tools=req.tools)
+        return Generated(ids=ids, thinking=thinking, renderer=renderer, tool_calls=0)
 
     def _tool_calls(self, req: GenRequest, rng: random.Random) -> list[ToolCall]:
         k = req.prior_tool_calls
@@ -309,4 +329,5 @@ class Model:
                 table.setdefault(b, i)
             self._by_bytes = table
         return self._by_bytes
+
 

@@ -50,6 +50,8 @@ class Answer:
     prompt_ids: array | None = None
     prompt_messages: list[dict[str, Any]] | None = None
     notes: list[Note] = field(default_factory=list)
+    # repetition: the loop found in the completion ids (quality.repetition.Loop), if any
+    repetition: Any = None
 
     @property
     def sample_prompt_ids(self) -> array:

@@ -27,4 +27,5 @@ def observation(a: Answer, outcome: Outcome, ctx: AnswerContext) -> Observation:
         finish_reason=resp.finish_reason,
         quantization_mismatch=ctx.policy.quantization_mismatch(resp.provider,
                                                                resp.quantization),
-        after_tool_result=bool(job.messages) and job.messages[-1].get("role") == "tool")
+        after_tool_result=bool(job.messages) and job.messages[-1].get("role") == "tool",
+        repetition=a.repetition is not None)
