@@ -266,7 +266,13 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                      session_id, ", ".join(f"{d.name} at row {d.rows_read}"
                                            for d in engine.datasets),
                      time.monotonic() - t0, engine.open_convs)
-            return await _run_engine(engine, cfg, live)
+            if cfg.endpoint.mode != "batch":
+                return await _run_engine(engine, cfg, live)
+            from .batch_driver import attached
+
+            async with attached(engine, cfg, base_url=(urls or cfg.endpoint.base_url)[0],
+                                store=store, session_id=session_id, live=client):
+                return await _run_engine(engine, cfg, live)
     except Unreachable as exc:
         _end_session(store, session_id, "stopped", str(exc))
         log.error("%s", exc)

@@ -1,0 +1,64 @@
+"""The checks of `[endpoint] mode = "batch"` (docs/batch.md), kept out of config.py.
+
+`check_batch` runs after the endpoint table is built: it refuses what the batch path cannot
+do, with a message naming the key, and fills in the defaults that depend on batch mode.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .errors import ConfigError
+
+# The OpenAI Batch API's limits (50,000 lines, 200 MB per input file); Moonshot's file limit
+# is 100 MB, which is the default of batch_max_bytes.
+OPENAI_MAX_REQUESTS = 50_000
+OPENAI_MAX_BYTES = 200 * 1024 * 1024
+WINDOW = re.compile(r"[1-9][0-9]*h")
+DEFAULT_PRICE_FACTOR = 0.5
+
+
+def price_factor(budget: Any) -> float:
+    """The batch price as a share of the live price (`[budget] batch_price_factor`)."""
+    f = budget.batch_price_factor
+    return DEFAULT_PRICE_FACTOR if f is None else float(f)
+
+
+def check_batch(cfg: Any, endpoint_raw: dict[str, Any], where: str) -> None:
+    ep = cfg.endpoint
+    if ep.batch_api != "openai":
+        raise ConfigError(
+            f"{where}: endpoint.batch_api = {ep.batch_api!r} is not supported yet; use "
+            "batch_api = \"openai\" (file upload + /v1/batches: Moonshot, Together, OpenAI "
+            "and others) or mode = \"chat\"")
+    if len(ep.base_url) > 1:
+        raise ConfigError(f"{where}: endpoint.base_url: mode = \"batch\" submits every batch "
+                          "to one API; give one base URL")
+    if not 1 <= ep.batch_max_requests <= OPENAI_MAX_REQUESTS:
+        raise ConfigError(f"{where}: endpoint.batch_max_requests must be between 1 and "
+                          f"{OPENAI_MAX_REQUESTS:,} (the Batch API's limit), got "
+                          f"{ep.batch_max_requests}")
+    if not 1024 <= ep.batch_max_bytes <= OPENAI_MAX_BYTES:
+        raise ConfigError(f"{where}: endpoint.batch_max_bytes must be between 1024 and "
+                          f"{OPENAI_MAX_BYTES:,} (200 MB, the Batch API's file limit), got "
+                          f"{ep.batch_max_bytes}")
+    if not isinstance(ep.completion_window, str) or not WINDOW.fullmatch(ep.completion_window):
+        raise ConfigError(f"{where}: endpoint.completion_window must be hours like \"24h\", "
+                          f"got {ep.completion_window!r}")
+    for key in ("batch_poll_interval", "batch_linger_s"):
+        value = getattr(ep, key)
+        if not value > 0:
+            raise ConfigError(f"{where}: endpoint.{key} must be > 0 seconds, got {value}")
+    factor = cfg.budget.batch_price_factor
+    if factor is not None and not 0 < factor <= 1:
+        raise ConfigError(f"{where}: budget.batch_price_factor must be > 0 and <= 1 (the batch "
+                          f"price as a share of the live price), got {factor}")
+    if "stream" in endpoint_raw and ep.stream:
+        raise ConfigError(f"{where}: endpoint.stream = true: batch lines are never streamed "
+                          "(mode = \"batch\"); remove the key or set it to false")
+    ep.stream = False  # a batch line's body is the live non-stream body
+    if "concurrency" not in endpoint_raw:
+        # in batch mode `concurrency` is the lines waiting in submitted batches
+        ep.concurrency = ep.batch_max_requests
+        ep.min_concurrency = min(ep.min_concurrency, ep.concurrency)
