@@ -10,7 +10,8 @@
 Each line is answered by the simulator's own chat handler (`Simulator.chat`) through a
 `LineRequest` standing in for the HTTP request: the same routing, providers, faults, quirks,
 answers and usage as a live request with the same body (the cost times
-`batch_price_factor`). The batch is `validating`, then `in_progress` while its lines run, and
+`batch_price_factor`). `batch_create_delay_s` delays the answer to POST /v1/batches (the
+batch exists at once). The batch is `validating`, then `in_progress` while its lines run, and
 completes no sooner than `batch_processing_s` after it was created. `batch_line_fail_rate`
 answers a share of lines with an error line instead; `batch_expire_rate` leaves a share
 unanswered and ends the batch `expired`. Every `POST /v1/batches` is counted
@@ -211,10 +212,15 @@ class BatchApi:
         self.order.append(bid)
         headers = {k: v for k, v in request.headers.items()
                    if k in ("authorization", "x-specgen-return-token-ids")}
-        task = asyncio.get_running_loop().create_task(self._run(batch, lines, headers))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._run(batch, lines, headers))
         self.sim._tasks.add(task)
         task.add_done_callback(self.sim._tasks.discard)
-        _json(request, 200, batch)
+        delay = self.sim.cfg.batch_create_delay_s
+        if delay > 0:  # created, but the answer is late (a client killed meanwhile)
+            loop.call_later(delay, _json, request, 200, dict(batch))
+        else:
+            _json(request, 200, batch)
 
     def list(self, request: Request) -> None:
         q = parse_qs(request.query)
@@ -284,18 +290,18 @@ class BatchApi:
                 req = fut.result()
                 cid = pending[fut]
                 payload = req.payload
-                if req.status == 200:
+                try:
                     body = orjson.loads(payload) if payload else None
+                except orjson.JSONDecodeError:  # a broken answer: an error line
+                    req.status = 502
+                    body = {"error": {"code": 502, "message": "Provider returned error"}}
+                if req.status == 200:
                     if isinstance(body, dict) and factor != 1.0:
                         _scale_cost(body.get("usage"), factor)
                     out.append(_line(cid, {"status_code": 200, "request_id": cid,
                                            "body": body}, None))
                     counts["completed"] += 1
                 else:
-                    try:
-                        body = orjson.loads(payload) if payload else None
-                    except orjson.JSONDecodeError:
-                        body = {"error": {"message": payload[:200].decode("utf-8", "replace")}}
                     err.append(_line(cid, {"status_code": req.status, "request_id": cid,
                                            "body": body}, None))
                     counts["failed"] += 1

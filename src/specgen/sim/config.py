@@ -243,6 +243,7 @@ class SimConfig:
     batch_line_fail_rate: float = 0.0
     batch_expire_rate: float = 0.0
     batch_price_factor: float = 0.5
+    batch_create_delay_s: float = 0.0  # the answer to POST /v1/batches comes this much later
     source: Path | None = None  # the file this came from
 
     # -- construction -------------------------------------------------------------------------
@@ -333,8 +334,9 @@ class SimConfig:
         self._validate_outages(where)
         _rate(self.batch_line_fail_rate, "batch_line_fail_rate", where)
         _rate(self.batch_expire_rate, "batch_expire_rate", where)
-        if not self.batch_processing_s >= 0:
-            raise ConfigError(f"{where}: batch_processing_s must be >= 0")
+        for key in ("batch_processing_s", "batch_create_delay_s"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"{where}: {key} must be >= 0")
         if not 0 < self.batch_price_factor <= 1:
             raise ConfigError(f"{where}: batch_price_factor must be > 0 and <= 1")
         tags: set[str] = set()

@@ -1,0 +1,274 @@
+"""`mode = "batch"` (docs/batch.md) in real processes: `specgen run` against the simulator's
+Batch API (`specgen sim` as its own process where the run is killed, so the batches outlive
+it), real SQLite, `kill -9`.
+
+* a batch run's samples equal a live run's of the same config and simulator seed, id for id,
+  with several turns going out as one batch per round;
+* `kill -9` right after the submission, and between the provider accepting a batch and the
+  store recording its id, then a rerun: the batch is collected, one submission in total;
+* failed and expired lines are retried in later batches (or live with batch_fallback);
+* the simulator's Batch API shape: upload, create, get, list with metadata, content, cancel;
+* the config refuses what batch mode cannot do, naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import uuid
+
+import pytest
+
+from specgen.config import ConfigError, load_config
+from test_engine_support import (
+    check_store,
+    count,
+    multi_turn_rows,
+    prompt_rows,
+    run_cli,
+    start_cli,
+    wait_for,
+    write_config,
+    write_jsonl,
+)
+from test_sim_support import SimProcess
+
+SIM = """
+batch_processing_s = {processing}
+batch_create_delay_s = {create_delay}
+batch_line_fail_rate = {fail}
+batch_expire_rate = {expire}
+[length]
+distribution = "fixed"
+tokens = 30
+"""
+
+BATCH = ('mode = "batch"\nbatch_poll_interval = 0.2\nbatch_linger_s = 0.3\n'
+         'concurrency = 500\n')
+
+
+def sim_text(processing=0.5, create_delay=0.0, fail=0.0, expire=0.0) -> str:
+    return SIM.format(processing=processing, create_delay=create_delay, fail=fail,
+                      expire=expire)
+
+
+def samples(run_dir) -> dict[tuple, tuple]:
+    """{(dataset, conv_id, turn): (input_ids, n_prompt, true completion ids)}."""
+    db = sqlite3.connect(run_dir / "state.sqlite")
+    try:
+        return {(d, c, t): (bytes(ids), n, bytes(true or b"")) for d, c, t, ids, n, true in
+                db.execute("SELECT r.dataset, c.conv_id, r.turn, r.input_ids, r.n_prompt, "
+                           "r.true_completion_ids FROM results r "
+                           "JOIN conversations c ON c.id = r.conversation")}
+    finally:
+        db.close()
+
+
+def sim_stats(sim: SimProcess) -> dict:
+    status, _, body = sim.request("GET", "/sim/stats")
+    assert status == 200
+    return json.loads(body)
+
+
+def test_batch_run_equals_live_run_id_for_id(tmp_path):
+    (tmp_path / "sim.toml").write_text(sim_text())
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
+    write_jsonl(tmp_path / "m.jsonl", multi_turn_rows(12))
+    datasets = [{"name": "a", "path": "a.jsonl"},
+                {"name": "m", "path": "m.jsonl", "turns": "all"}]
+    extra = '[sim]\nconfig = "sim.toml"\nseed = 7\n'
+    live = write_config(tmp_path, "sim", datasets, name="live", endpoint="stream = false\n",
+                        sampling="max_tokens = 4096\n" + extra)
+    batch = write_config(tmp_path, "sim", datasets, name="batch", endpoint=BATCH,
+                         sampling="max_tokens = 4096\n" + extra)
+    for path in (live, batch):
+        out = run_cli(path, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+    a, b = samples(tmp_path / "live-dir"), samples(tmp_path / "batch-dir")
+    assert len(a) == 30 + 12 * 2
+    assert a == b  # the same samples, id for id
+    # each round of the multi-turn conversations went into its own batch
+    assert count(tmp_path / "batch-dir", "SELECT COUNT(*) FROM batches") >= 2
+    assert count(tmp_path / "batch-dir",
+                 "SELECT COUNT(*) FROM batches WHERE state='completed'") == count(
+        tmp_path / "batch-dir", "SELECT COUNT(*) FROM batches")
+    check_store(tmp_path / "batch-dir")
+
+
+@pytest.mark.parametrize("phase", ["after_submission", "before_the_id_is_stored"])
+def test_kill_9_then_rerun_submits_once(tmp_path, phase):
+    delay = 3.0 if phase == "before_the_id_is_stored" else 0.0
+    sim = SimProcess(tmp_path, sim_text(processing=4.0, create_delay=delay))
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint=BATCH)
+        run_dir = tmp_path / "run-dir"
+        proc = start_cli(path)
+        try:
+            if phase == "after_submission":
+                wait_for(lambda: count(run_dir, "SELECT COUNT(*) FROM batches WHERE "
+                                                "provider_id IS NOT NULL"), timeout=120,
+                         what="a submitted batch in the store")
+            else:
+                wait_for(lambda: sim_stats(sim)["batches"]["submitted"] == 1, timeout=120,
+                         what="the sim accepting the batch")
+                assert count(run_dir, "SELECT COUNT(*) FROM batches WHERE "
+                                      "provider_id IS NOT NULL") == 0
+                assert count(run_dir, "SELECT COUNT(*) FROM batches WHERE state='intent'") == 1
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert count(run_dir, "SELECT COUNT(*) FROM results") == 0  # nothing collected yet
+        out = run_cli(path, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        stats = sim_stats(sim)
+        assert stats["batches"]["submitted"] == 1  # found and collected, never sent again
+        assert stats["batches"]["lines"] == 40
+        assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 40
+        assert count(run_dir, "SELECT COUNT(*) FROM results") == 40
+        check_store(run_dir)
+    finally:
+        sim.stop()
+
+
+def test_failed_and_expired_lines_are_retried_in_later_batches(tmp_path):
+    sim = SimProcess(tmp_path, sim_text(processing=0.3, fail=0.25, expire=0.15))
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint=BATCH)
+        run_dir = tmp_path / "run-dir"
+        out = run_cli(path, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 40
+        assert count(run_dir, "SELECT COUNT(*) FROM attempts WHERE outcome='retry:server'") > 0
+        assert count(run_dir, "SELECT COUNT(*) FROM attempts WHERE outcome='retry:timeout'") > 0
+        assert count(run_dir, "SELECT COUNT(*) FROM batches WHERE state='expired'") > 0
+        stats = sim_stats(sim)
+        assert stats["batches"]["submitted"] > 1
+        assert stats["batches"]["lines"] == count(run_dir, "SELECT COUNT(*) FROM batch_lines")
+        check_store(run_dir)
+    finally:
+        sim.stop()
+
+
+def test_batch_fallback_live_answers_failed_lines_live(tmp_path):
+    sim = SimProcess(tmp_path, sim_text(processing=0.3, fail=0.3))
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint=BATCH + 'batch_fallback = "live"\n')
+        run_dir = tmp_path / "run-dir"
+        out = run_cli(path, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 30
+        stats = sim_stats(sim)
+        failed = count(run_dir, "SELECT COUNT(*) FROM batch_lines WHERE outcome LIKE 'error:%'")
+        assert failed > 0
+        assert stats["batches"]["submitted"] == 1  # the failed lines went live, not batched
+        assert stats["batches"]["lines"] == 30
+        # the answered lines in the batch, the failed ones live, each once
+        assert stats["requests"] == 30
+        assert count(run_dir, "SELECT COUNT(*) FROM attempts WHERE outcome='retry:server'") == failed
+        check_store(run_dir)
+    finally:
+        sim.stop()
+
+
+# -- the simulator's Batch API shape ------------------------------------------------------
+def multipart(fields: dict[str, tuple[str | None, bytes]]) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    out = b""
+    for name, (filename, data) in fields.items():
+        disp = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        out += (f"--{boundary}\r\nContent-Disposition: {disp}\r\n\r\n").encode() + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def test_sim_batch_api_shape(tmp_path):
+    sim = SimProcess(tmp_path, sim_text(processing=1.0))
+    try:
+        body = {"model": "moonshotai/kimi-k2.5", "max_tokens": 200, "stream": False,
+                "messages": [{"role": "user", "content": "hello"}]}
+        lines = b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST",
+                                     "url": "/v1/chat/completions", "body": body}).encode()
+                         + b"\n" for i in range(3))
+        data, ctype = multipart({"purpose": (None, b"batch"), "file": ("in.jsonl", lines)})
+        status, _, raw = sim.request("POST", "/v1/files", data, {"Content-Type": ctype})
+        assert status == 200, raw
+        fid = json.loads(raw)["id"]
+        status, _, raw = sim.request("POST", "/v1/batches", {
+            "input_file_id": fid, "endpoint": "/v1/chat/completions",
+            "completion_window": "24h", "metadata": {"specgen_batch": "tag-1"}})
+        assert status == 200, raw
+        b = json.loads(raw)
+        assert b["status"] == "validating" and b["request_counts"]["total"] == 3
+        status, _, raw = sim.request("GET", "/v1/batches?limit=10")
+        listed = json.loads(raw)
+        assert [x["metadata"] for x in listed["data"]] == [{"specgen_batch": "tag-1"}]
+
+        def done():
+            return json.loads(sim.request("GET", f"/v1/batches/{b['id']}")[2])
+        final = wait_for(lambda: (x := done())["status"] == "completed" and x, timeout=30)
+        assert final["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+        status, _, raw = sim.request("GET", f"/v1/files/{final['output_file_id']}/content")
+        out = [json.loads(line) for line in raw.splitlines()]
+        assert sorted(x["custom_id"] for x in out) == ["c0", "c1", "c2"]
+        assert all(x["response"]["status_code"] == 200 for x in out)
+        assert all(x["response"]["body"]["usage"]["completion_tokens"] > 0 for x in out)
+        # a batch cancelled while it runs ends `cancelled`
+        status, _, raw = sim.request("POST", "/v1/batches", {
+            "input_file_id": fid, "endpoint": "/v1/chat/completions",
+            "completion_window": "24h"})
+        second = json.loads(raw)
+        status, _, raw = sim.request("POST", f"/v1/batches/{second['id']}/cancel", {})
+        assert status == 200
+        wait_for(lambda: json.loads(sim.request("GET", f"/v1/batches/{second['id']}")[2])[
+            "status"] == "cancelled", timeout=30)
+        stats = sim_stats(sim)["batches"]
+        assert stats["submitted"] == 2 and stats["cancelled"] == 1
+        status, _, raw = sim.request("POST", "/v1/files", b"x", {"Content-Type": "text/plain"})
+        assert status == 400
+    finally:
+        sim.stop()
+
+
+# -- config ---------------------------------------------------------------------------------
+def write_batch_config(tmp_path, endpoint: str = "", budget: str = ""):
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(1))
+    text = write_config(tmp_path, "https://api.moonshot.ai/v1", [{"name": "a", "path": "a.jsonl"}],
+                        endpoint='mode = "batch"\n' + endpoint).read_text()
+    if budget:
+        text = text.replace("[engine]", f"[budget]\n{budget}\n[engine]")
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("endpoint, budget, key", [
+    ('batch_api = "openrouter"\n', "", "endpoint.batch_api"),
+    ("stream = true\n", "", "endpoint.stream"),
+    ('completion_window = "1 day"\n', "", "endpoint.completion_window"),
+    ("batch_max_requests = 60000\n", "", "endpoint.batch_max_requests"),
+    ("batch_max_bytes = 10\n", "", "endpoint.batch_max_bytes"),
+    ("batch_poll_interval = 0\n", "", "endpoint.batch_poll_interval"),
+    ('batch_fallback = "maybe"\n', "", "batch_fallback"),
+    ("", "batch_price_factor = 1.5", "budget.batch_price_factor"),
+])
+def test_config_refuses_bad_batch_settings(tmp_path, endpoint, budget, key):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write_batch_config(tmp_path, endpoint, budget))
+    assert key in str(exc.value)
+
+
+def test_config_batch_defaults(tmp_path):
+    cfg = load_config(write_batch_config(tmp_path))
+    assert cfg.endpoint.mode == "batch" and cfg.endpoint.stream is False
+    text = (tmp_path / "c.toml").read_text().replace("concurrency = 16\n", "")
+    (tmp_path / "c.toml").write_text(text)
+    cfg = load_config(tmp_path / "c.toml")
+    assert cfg.endpoint.concurrency == cfg.endpoint.batch_max_requests == 5000
