@@ -16,18 +16,22 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import subprocess
 import uuid
 
 import pytest
 
 from specgen.config import ConfigError, load_config
 from test_engine_support import (
+    SPECGEN,
     check_store,
     count,
+    live_status,
     multi_turn_rows,
     prompt_rows,
     run_cli,
     start_cli,
+    status_json,
     wait_for,
     write_config,
     write_jsonl,
@@ -272,3 +276,59 @@ def test_config_batch_defaults(tmp_path):
     (tmp_path / "c.toml").write_text(text)
     cfg = load_config(tmp_path / "c.toml")
     assert cfg.endpoint.concurrency == cfg.endpoint.batch_max_requests == 5000
+
+
+def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
+    sim = SimProcess(tmp_path, sim_text(processing=6.0))
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(20))
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint=BATCH)
+        run_dir = tmp_path / "run-dir"
+        proc = start_cli(path)
+        try:
+            wait_for(lambda: (live_status(run_dir).get("batches") or {}).get("by_state"),
+                     timeout=120, what="a batch in status --json")
+            shown = status_json(run_dir)["batches"]
+            assert shown["batches"] == 1 and shown["lines"] == {"waiting": 20}
+            assert set(shown["by_state"]) <= {"validating", "in_progress", "finalizing"}
+            stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True,
+                                  text=True, timeout=90)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert stop.returncode == 0, stop.stderr
+        assert proc.returncode == 5, out + err
+        assert sim_stats(sim)["batches"]["cancelled"] == 0  # it runs on, paid for
+        assert count(run_dir, "SELECT COUNT(*) FROM results") == 0
+        out = run_cli(path, timeout=300)  # collects it
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "saved $" in out.stdout
+        assert sim_stats(sim)["batches"]["submitted"] == 1
+        assert count(run_dir, "SELECT COUNT(*) FROM results") == 20
+
+        # stop --now cancels the batch at the provider and says so
+        write_jsonl(tmp_path / "b.jsonl", prompt_rows(10, prefix="q"))
+        path = write_config(tmp_path, sim.url, [{"name": "b", "path": "b.jsonl"}],
+                            name="now", endpoint=BATCH)
+        run_dir = tmp_path / "now-dir"
+        proc = start_cli(path)
+        try:
+            wait_for(lambda: count(run_dir, "SELECT COUNT(*) FROM batches WHERE "
+                                            "provider_id IS NOT NULL"), timeout=120,
+                     what="a submitted batch")
+            stop = subprocess.run([*SPECGEN, "stop", "--now", str(run_dir)],
+                                  capture_output=True, text=True, timeout=90)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert stop.returncode == 0, stop.stderr
+        assert proc.returncode == 3, out + err
+        assert "cancelled at the provider" in out + err
+        assert sim_stats(sim)["batches"]["cancelled"] == 1
+        out = run_cli(path, timeout=300)  # what the cancelled batch answered, then the rest
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 10
+        check_store(run_dir)
+    finally:
+        sim.stop()

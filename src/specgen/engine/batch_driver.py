@@ -385,7 +385,14 @@ class BatchDriver:
         by_state: dict[str, int] = {}
         for state in self.states.values():
             by_state[state] = by_state.get(state, 0) + 1
-        return {**self.counts, "by_state": by_state, "buffered": len(self.buffer)}
+        return {**self.counts, "by_state": by_state, "buffered": len(self.buffer),
+                "waiting": len(self.waiting)}
+
+    def progress_text(self) -> str:
+        f = self.figures()
+        states = " ".join(f"{s} {n}" for s, n in sorted(f["by_state"].items())) or "none yet"
+        return (f"batches: {states}; lines {f['waiting']:,} waiting, {f['buffered']:,} "
+                f"to submit, {f['lines_ok']:,} answered, {f['lines_failed']:,} retried")
 
 
 def parse_line(raw: bytes) -> tuple[str | None, Any]:

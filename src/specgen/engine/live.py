@@ -103,6 +103,8 @@ def progress_line(engine: Engine) -> str:
         parts.append("errors " + " ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())))
     if eta_text(s):
         parts.append(eta_text(s))
+    if engine.batch is not None:
+        parts.append(engine.batch.progress_text())
     if s["excluded"]:
         parts.append("excluded " + ",".join(s["excluded"]))
     if s["alarms"]:
