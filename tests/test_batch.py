@@ -332,3 +332,27 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
         check_store(run_dir)
     finally:
         sim.stop()
+
+
+def test_the_dollar_cap_counts_submitted_lines_at_their_worst_case(tmp_path):
+    sim = SimProcess(tmp_path, sim_text(processing=0.3))
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint=BATCH, sampling="max_tokens = 2000")
+        text = path.read_text().replace("[engine]", "[budget]\nmax_cost_usd = 0.02\n[engine]")
+        path.write_text(text)
+        run_dir = tmp_path / "run-dir"
+        out = run_cli(path, timeout=300)
+        assert out.returncode in (0, 5), out.stdout + out.stderr
+        prices = status_json(run_dir)["prices"]
+        assert "batch" in prices["source"]
+        worst = 2000 * prices["completion_per_m"] / 1e6  # a line's completion at its worst
+        db = sqlite3.connect(run_dir / "state.sqlite")
+        sizes = [n for (n,) in db.execute("SELECT lines FROM batches ORDER BY created_at")]
+        db.close()
+        assert sizes and sizes[0] < 40  # the cap held lines back from the first batch
+        assert sizes[0] * worst <= 0.02
+        assert status_json(run_dir)["cost_usd"] <= 0.02
+    finally:
+        sim.stop()

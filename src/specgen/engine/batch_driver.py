@@ -395,6 +395,19 @@ class BatchDriver:
                 f"to submit, {f['lines_ok']:,} answered, {f['lines_failed']:,} retried")
 
 
+def batch_prices(prices: Any, budget: Any) -> Any:
+    """The batch prices: the live ones times `[budget] batch_price_factor` (default 0.5), so
+    the budgets and the dollar cap reserve a submitted line's worst case at what the batch
+    really costs."""
+    from ..batch_config import price_factor
+    from .budget import Prices
+
+    if not prices.known:
+        return prices
+    f = price_factor(budget)
+    return Prices(prices.prompt * f, prices.completion * f, f"{prices.source} x{f:g} batch")
+
+
 def parse_line(raw: bytes) -> tuple[str | None, Any]:
     """(custom_id, a ChatResponse or an ApiError) of one result-file line."""
     try:

@@ -239,6 +239,10 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         client = ChatClient.from_config(cfg.endpoint, base_urls=urls)
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
+            if cfg.endpoint.mode == "batch":
+                from .batch_driver import batch_prices
+
+                prices = batch_prices(prices, cfg.budget)
             _resolve_local_defaults(cfg, policy)
             if cfg.target.chat_template_kwargs and _dialect_url(cfg, policy) == OPENROUTER_URL:
                 raise RunError("target.chat_template_kwargs is sent only to vLLM/SGLang-style "
