@@ -356,3 +356,24 @@ def test_the_dollar_cap_counts_submitted_lines_at_their_worst_case(tmp_path):
         assert status_json(run_dir)["cost_usd"] <= 0.02
     finally:
         sim.stop()
+
+
+def test_preview_shows_the_batch_lines_and_the_price_against_live(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(5))
+    path = write_config(tmp_path, "sim", [{"name": "a", "path": "a.jsonl"}], endpoint=BATCH)
+    path.write_text(path.read_text().replace("[engine]",
+                                             "[budget]\nbatch_price_factor = 0.6\n[engine]"))
+    out = subprocess.run([*SPECGEN, "preview", str(path), "--json", "-n", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    sample = got["datasets"][0]["samples"][0]
+    line = sample["body"]
+    assert set(line) == {"custom_id", "method", "url", "body"}
+    assert line["url"] == "/v1/chat/completions" and line["method"] == "POST"
+    assert line["body"]["stream"] is False and line["body"]["model"] == "moonshotai/kimi-k2.5"
+    assert "batch" in got["prices"]["source"]
+    assert got["live_worst_case_cost_usd"] == pytest.approx(got["worst_case_cost_usd"] / 0.6)
+    text = subprocess.run([*SPECGEN, "preview", str(path), "-n", "1", "--no-color"],
+                          capture_output=True, text=True, timeout=120)
+    assert "at the batch price (live: $" in text.stdout

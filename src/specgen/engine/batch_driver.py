@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from ..batch_shape import line_body, line_bytes
 from ..client.errors import error_from_response
 from ..client.parse import parse_completion
 from ..client.types import ApiError, ChatResponse
@@ -49,17 +50,6 @@ log = logging.getLogger("specgen.batch")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 ACTIVE = ("intent", "validating", "in_progress", "finalizing", "cancelling")
 Key = tuple[str, str, int]  # (dataset, conv_id, turn): a task, stable across runs
-
-
-def line_body(body: dict[str, Any]) -> dict[str, Any]:
-    """A job's body as a batch line carries it: exactly the live non-stream body
-    (`ChatClient.chat` adds `stream: false` to a body without `stream`)."""
-    return body if "stream" in body else {**body, "stream": False}
-
-
-def line_bytes(custom_id: str, body: dict[str, Any]) -> bytes:
-    return orjson.dumps({"custom_id": custom_id, "method": "POST",
-                         "url": "/v1/chat/completions", "body": line_body(body)})
 
 
 class BatchDriver:
@@ -393,19 +383,6 @@ class BatchDriver:
         states = " ".join(f"{s} {n}" for s, n in sorted(f["by_state"].items())) or "none yet"
         return (f"batches: {states}; lines {f['waiting']:,} waiting, {f['buffered']:,} "
                 f"to submit, {f['lines_ok']:,} answered, {f['lines_failed']:,} retried")
-
-
-def batch_prices(prices: Any, budget: Any) -> Any:
-    """The batch prices: the live ones times `[budget] batch_price_factor` (default 0.5), so
-    the budgets and the dollar cap reserve a submitted line's worst case at what the batch
-    really costs."""
-    from ..batch_config import price_factor
-    from .budget import Prices
-
-    if not prices.known:
-        return prices
-    f = price_factor(budget)
-    return Prices(prices.prompt * f, prices.completion * f, f"{prices.source} x{f:g} batch")
 
 
 def parse_line(raw: bytes) -> tuple[str | None, Any]:

@@ -240,7 +240,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
             if cfg.endpoint.mode == "batch":
-                from .batch_driver import batch_prices
+                from ..batch_shape import batch_prices
 
                 prices = batch_prices(prices, cfg.budget)
             _resolve_local_defaults(cfg, policy)
