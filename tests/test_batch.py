@@ -377,3 +377,31 @@ def test_preview_shows_the_batch_lines_and_the_price_against_live(tmp_path):
     text = subprocess.run([*SPECGEN, "preview", str(path), "-n", "1", "--no-color"],
                           capture_output=True, text=True, timeout=120)
     assert "at the batch price (live: $" in text.stdout
+
+
+def test_a_stop_before_submission_submits_nothing(tmp_path):
+    sim = SimProcess(tmp_path, sim_text())
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(10))
+        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint=BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 8"))
+        run_dir = tmp_path / "run-dir"
+        proc = start_cli(path)
+        try:
+            wait_for(lambda: ((live_status(run_dir).get("live") or {}).get("batches") or {}
+                              ).get("buffered") == 10,
+                     timeout=120, what="10 lines waiting to be submitted")
+            stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True,
+                                  text=True, timeout=90)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert stop.returncode == 0, stop.stderr
+        assert proc.returncode == 5, out + err
+        assert sim_stats(sim)["batches"]["submitted"] == 0
+        assert count(run_dir, "SELECT COUNT(*) FROM batches") == 0
+        out = run_cli(path, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert sim_stats(sim)["batches"]["submitted"] == 1
+    finally:
+        sim.stop()

@@ -174,7 +174,10 @@ class BatchDriver:
         if not self.buffer:
             return
         lines, self.buffer, self.buffer_bytes = self.buffer, [], 0
-        self._spawn(self._submit(lines))
+        # a job let go meanwhile (a stop) is not submitted: nobody waits for its answer
+        lines = [(key, body) for key, body in lines if key in self.waiting]
+        if lines:
+            self._spawn(self._submit(lines))
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
