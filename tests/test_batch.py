@@ -405,3 +405,38 @@ def test_a_stop_before_submission_submits_nothing(tmp_path):
         assert sim_stats(sim)["batches"]["submitted"] == 1
     finally:
         sim.stop()
+
+
+@pytest.mark.parametrize("sampling, dataset, key", [
+    ("temperature = 0.7", {}, "sampling.temperature"),
+    ("top_p = 0.9", {}, "sampling.top_p"),
+    ("extra = { presence_penalty = 0.5 }", {}, "sampling.extra.presence_penalty"),
+    ("", {"temperature": [0.6, 1.0]}, "dataset[0] ('a').temperature"),
+])
+def test_moonshot_k25_batches_refuse_the_sampling_they_fix(tmp_path, sampling, dataset, key):
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(1))
+    path = write_config(tmp_path, "https://api.moonshot.ai/v1",
+                        [{"name": "a", "path": "a.jsonl", **dataset}],
+                        endpoint='mode = "batch"\n', sampling="max_tokens = 4096\n" + sampling)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert key in str(exc.value) and "fixes temperature, top_p" in str(exc.value)
+
+
+def test_moonshot_k25_batch_lines_carry_no_fixed_sampling(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(2))
+    path = write_config(tmp_path, "https://api.moonshot.ai/v1",
+                        [{"name": "a", "path": "a.jsonl"}], endpoint='mode = "batch"\n')
+    out = subprocess.run([*SPECGEN, "preview", str(path), "--json", "-n", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    sample = json.loads(out.stdout)["datasets"][0]["samples"][0]
+    body = sample["body"]["body"]
+    assert not {"temperature", "top_p", "n"} & set(body)
+    assert sample["sampling"]["temperature"] == 1.0  # what the provider applies (thinking)
+    # a live config of the same model sends them
+    live = write_config(tmp_path, "https://api.moonshot.ai/v1",
+                        [{"name": "a", "path": "a.jsonl"}], name="live")
+    out = subprocess.run([*SPECGEN, "preview", str(live), "--json", "-n", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert "temperature" in json.loads(out.stdout)["datasets"][0]["samples"][0]["body"]

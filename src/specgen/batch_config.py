@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import ConfigError
 
@@ -17,6 +18,27 @@ OPENAI_MAX_REQUESTS = 50_000
 OPENAI_MAX_BYTES = 200 * 1024 * 1024
 WINDOW = re.compile(r"[1-9][0-9]*h")
 DEFAULT_PRICE_FACTOR = 0.5
+# Batch APIs that fix sampling: (host suffix, model slug part) -> the body keys they refuse.
+# Moonshot's K2.5 batches apply the model's own values (temperature 1.0 thinking / 0.6
+# instant, top_p 0.95: the model card's, which the sample records).
+FIXED_SAMPLING: dict[tuple[str, str], tuple[str, ...]] = {
+    ("moonshot.ai", "kimi-k2.5"): ("temperature", "top_p", "n", "presence_penalty",
+                                   "frequency_penalty"),
+    ("moonshot.cn", "kimi-k2.5"): ("temperature", "top_p", "n", "presence_penalty",
+                                   "frequency_penalty"),
+}
+
+
+def fixed_sampling(cfg: Any) -> tuple[str, ...]:
+    """The body keys this endpoint's batch API fixes (never sent in a batch line)."""
+    if cfg.endpoint.mode != "batch":
+        return ()
+    host = (urlsplit(cfg.endpoint.base_url[0]).hostname or "").lower()
+    model = cfg.target.model.lower()
+    for (suffix, slug), keys in FIXED_SAMPLING.items():
+        if (host == suffix or host.endswith("." + suffix)) and slug in model:
+            return keys
+    return ()
 
 
 def price_factor(budget: Any) -> float:
@@ -57,8 +79,27 @@ def check_batch(cfg: Any, endpoint_raw: dict[str, Any], where: str) -> None:
     if "stream" in endpoint_raw and ep.stream:
         raise ConfigError(f"{where}: endpoint.stream = true: batch lines are never streamed "
                           "(mode = \"batch\"); remove the key or set it to false")
+    fixed = fixed_sampling(cfg)
+    if fixed:
+        _check_fixed(cfg, fixed, where)
     ep.stream = False  # a batch line's body is the live non-stream body
     if "concurrency" not in endpoint_raw:
         # in batch mode `concurrency` is the lines waiting in submitted batches
         ep.concurrency = ep.batch_max_requests
         ep.min_concurrency = min(ep.min_concurrency, ep.concurrency)
+
+
+def _check_fixed(cfg: Any, fixed: tuple[str, ...], where: str) -> None:
+    why = (f"the batch API of {cfg.endpoint.base_url[0]} fixes {', '.join(fixed)} for "
+           f"{cfg.target.model} (it refuses a batch that sets them and applies the model's "
+           "own values); remove the key")
+    s = cfg.sampling
+    for key in ("temperature", "top_p"):
+        if key in fixed and getattr(s, key) is not None:
+            raise ConfigError(f"{where}: sampling.{key}: {why}")
+    for key in fixed:
+        if key in s.extra:
+            raise ConfigError(f"{where}: sampling.extra.{key}: {why}")
+    for i, ds in enumerate(cfg.datasets):
+        if "temperature" in fixed and ds.temperature is not None:
+            raise ConfigError(f"{where}: dataset[{i}] ({ds.name!r}).temperature: {why}")

@@ -12,18 +12,23 @@ from .batch_config import price_factor
 CHAT_URL = "/v1/chat/completions"
 
 
-def line_body(body: dict[str, Any]) -> dict[str, Any]:
+def line_body(body: dict[str, Any], fixed: tuple[str, ...] = ()) -> dict[str, Any]:
     """A request's body as a batch line carries it: exactly the live non-stream body
-    (`ChatClient.chat` adds `stream: false` to a body without `stream`)."""
-    return body if "stream" in body else {**body, "stream": False}
+    (`ChatClient.chat` adds `stream: false` to a body without `stream`), without the keys
+    the batch API fixes (`batch_config.fixed_sampling`)."""
+    out = body if "stream" in body else {**body, "stream": False}
+    if fixed:
+        out = {k: v for k, v in out.items() if k not in fixed}
+    return out
 
 
-def line(custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT_URL, "body": line_body(body)}
+def line(custom_id: str, body: dict[str, Any], fixed: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": CHAT_URL,
+            "body": line_body(body, fixed)}
 
 
-def line_bytes(custom_id: str, body: dict[str, Any]) -> bytes:
-    return orjson.dumps(line(custom_id, body))
+def line_bytes(custom_id: str, body: dict[str, Any], fixed: tuple[str, ...] = ()) -> bytes:
+    return orjson.dumps(line(custom_id, body, fixed))
 
 
 def batch_prices(prices: Any, budget: Any) -> Any:

@@ -348,9 +348,10 @@ def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Convers
         body = build_request(cfg, ds, req, settings=settings)
         url = ("http://sim" if base == "sim" else base.rstrip("/")) + "/chat/completions"
     if ep.mode == "batch":  # one line of the uploaded file, exactly as it is sent
+        from .batch_config import fixed_sampling
         from .batch_shape import line
 
-        body = line(f"{ds.name}:{conv.id}:{req.turn}", body)
+        body = line(f"{ds.name}:{conv.id}:{req.turn}", body, fixed_sampling(cfg))
         url = url.removesuffix("/chat/completions") + "/files (a line of the batch's JSONL)"
     if base == "sim":
         url = "(the built-in simulator)" + url.removeprefix("http://sim")

@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from ..batch_config import fixed_sampling
 from ..batch_shape import line_body, line_bytes
 from ..client.errors import error_from_response
 from ..client.parse import parse_completion
@@ -57,6 +58,7 @@ class BatchDriver:
                  run_tag: str, live: Any = None):
         self.cfg = cfg
         self.ep = cfg.endpoint
+        self.fixed = fixed_sampling(cfg)  # body keys the batch API fixes: never sent
         self.api = api
         self.live = live  # the chat client, for batch_fallback = "live"
         self.session_id = session_id
@@ -155,11 +157,12 @@ class BatchDriver:
                 del self.waiting[key]
 
     def _add(self, key: Key, body: dict[str, Any]) -> None:
+        body = line_body(body, self.fixed)
         data = line_bytes("{cid}", body)  # the size; the real custom_id is set at submission
         if self.buffer and (len(self.buffer) >= self.ep.batch_max_requests
                             or self.buffer_bytes + len(data) > self.ep.batch_max_bytes):
             self._flush()
-        self.buffer.append((key, orjson.dumps(line_body(body))))
+        self.buffer.append((key, orjson.dumps(body)))
         self.buffer_bytes += len(data) + 1
         if len(self.buffer) >= self.ep.batch_max_requests:
             self._flush()
