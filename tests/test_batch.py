@@ -14,9 +14,11 @@ it), real SQLite, `kill -9`.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import sqlite3
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -440,3 +442,34 @@ def test_moonshot_k25_batch_lines_carry_no_fixed_sampling(tmp_path):
     out = subprocess.run([*SPECGEN, "preview", str(live), "--json", "-n", "1"],
                          capture_output=True, text=True, timeout=120)
     assert "temperature" in json.loads(out.stdout)["datasets"][0]["samples"][0]["body"]
+
+
+def test_kill_9_at_random_points_never_submits_a_line_twice(tmp_path):
+    rng = random.Random(22)
+    sim = SimProcess(tmp_path, sim_text(processing=1.0))
+    try:
+        write_jsonl(tmp_path / "m.jsonl", multi_turn_rows(15))
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
+        path = write_config(tmp_path, sim.url, [
+            {"name": "a", "path": "a.jsonl"}, {"name": "m", "path": "m.jsonl", "turns": "all"}],
+            endpoint=BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 0.1")
+            + "batch_max_requests = 20\n")
+        run_dir = tmp_path / "run-dir"
+        for _ in range(4):
+            proc = start_cli(path)
+            try:
+                time.sleep(rng.uniform(0.8, 4.0))
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+        out = run_cli(path, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        tasks = 30 + 15 * 2
+        assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == tasks
+        stats = sim_stats(sim)["batches"]
+        assert stats["lines"] == tasks  # every task's line reached the provider once
+        assert stats["submitted"] == count(run_dir, "SELECT COUNT(*) FROM batches "
+                                                    "WHERE state != 'lost'")
+        check_store(run_dir)
+    finally:
+        sim.stop()
