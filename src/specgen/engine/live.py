@@ -182,6 +182,8 @@ class LiveView:
         for name, info in s["excluded"].items():
             parts.append(Text(f"excluded provider {name} ({info.get('by')}): "
                               f"{info.get('reason')}", style="yellow"))
+        if self.engine.batch is not None:
+            parts.append(Text(self.engine.batch.progress_text(), style="cyan"))
         for a in s["alarms"]:
             parts.append(Text(f"ALARM {a['alarm']} on {a['dataset']}: "
                               f"{100 * a['share']:.0f}% of {a['samples']} ({a['action']})",
