@@ -291,6 +291,8 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
         try:
             wait_for(lambda: (live_status(run_dir).get("batches") or {}).get("by_state"),
                      timeout=120, what="a batch in status --json")
+            wait_for(lambda: (live_status(run_dir).get("live") or {}).get("batches", {}).get(
+                "eta_s") is not None, timeout=60, what="an ETA from the provider's progress")
             shown = status_json(run_dir)["batches"]
             assert shown["batches"] == 1 and shown["lines"] == {"waiting": 20}
             assert set(shown["by_state"]) <= {"validating", "in_progress", "finalizing"}

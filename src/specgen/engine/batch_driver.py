@@ -79,6 +79,8 @@ class BatchDriver:
         self.counts: dict[str, int] = {"submitted": 0, "resumed": 0, "lines": 0,
                                        "lines_ok": 0, "lines_failed": 0, "cancelled": 0}
         self.states: dict[str, str] = {}
+        # batch -> (polled at, in progress since, lines, lines done): the provider's progress
+        self.progress: dict[str, tuple[float, Any, int, int]] = {}
 
     # -- start: what earlier sessions left -------------------------------------------------
     async def start(self) -> None:
@@ -266,12 +268,16 @@ class BatchDriver:
                 continue
             status = b.get("status") or "?"
             counts = b.get("request_counts") or {}
+            self.progress[bid] = (time.time(), b.get("in_progress_at") or b.get("created_at"),
+                                  counts.get("total") or 0,
+                                  (counts.get("completed") or 0) + (counts.get("failed") or 0))
             if status != self.states.get(bid):
                 self.states[bid] = status
                 self._set(bid, state=status, completed=counts.get("completed"),
                           failed=counts.get("failed"), output_file_id=b.get("output_file_id"),
                           error_file_id=b.get("error_file_id"))
             if status in TERMINAL:
+                self.progress.pop(bid, None)
                 break
             await asyncio.sleep(delay)
             delay = min(self.ep.batch_poll_interval, delay * 2)
@@ -382,13 +388,26 @@ class BatchDriver:
         for state in self.states.values():
             by_state[state] = by_state.get(state, 0) + 1
         return {**self.counts, "by_state": by_state, "buffered": len(self.buffer),
-                "waiting": len(self.waiting)}
+                "waiting": len(self.waiting), "eta_s": self.eta()}
+
+    def eta(self) -> float | None:
+        """Seconds until the last running batch is done, from the provider's progress (its
+        lines done since it started); None until a running batch has done some."""
+        worst = None
+        for polled, since, total, done in self.progress.values():
+            if not since or not done or not total:
+                continue
+            rate = done / max(polled - float(since), 1e-3)
+            left = (total - done) / rate - (time.time() - polled)
+            worst = max(worst or 0.0, max(left, 0.0))
+        return None if worst is None else round(worst, 1)
 
     def progress_text(self) -> str:
         f = self.figures()
         states = " ".join(f"{s} {n}" for s, n in sorted(f["by_state"].items())) or "none yet"
+        eta = "" if f["eta_s"] is None else f"; batch ETA {f['eta_s']:.0f}s"
         return (f"batches: {states}; lines {f['waiting']:,} waiting, {f['buffered']:,} "
-                f"to submit, {f['lines_ok']:,} answered, {f['lines_failed']:,} retried")
+                f"to submit, {f['lines_ok']:,} answered, {f['lines_failed']:,} retried{eta}")
 
 
 def parse_line(raw: bytes) -> tuple[str | None, Any]:
