@@ -100,6 +100,14 @@ def test_batch_run_equals_live_run_id_for_id(tmp_path):
                  "SELECT COUNT(*) FROM batches WHERE state='completed'") == count(
         tmp_path / "batch-dir", "SELECT COUNT(*) FROM batches")
     check_store(tmp_path / "batch-dir")
+    # the report's batch timeline (and none for the live run)
+    report = subprocess.run([*SPECGEN, "report", str(tmp_path / "batch-dir"), "--text"],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "Batches (timeline)" in report.stdout and "saved $" in report.stdout
+    live_report = subprocess.run([*SPECGEN, "report", str(tmp_path / "live-dir"), "--text"],
+                                 capture_output=True, text=True, timeout=120)
+    assert live_report.returncode == 0 and "Batches (timeline)" not in live_report.stdout
 
 
 @pytest.mark.parametrize("phase", ["after_submission", "before_the_id_is_stored"])
