@@ -49,6 +49,7 @@ from ..client.types import ApiError, ChatResponse
 log = logging.getLogger("specgen.batch")
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+INTENT_TRIES = 5  # tries to record a batch's intent before its lines are let go
 ACTIVE = ("intent", "validating", "in_progress", "finalizing", "cancelling")
 Key = tuple[str, str, int]  # (dataset, conv_id, turn): a task, stable across runs
 
@@ -184,29 +185,50 @@ class BatchDriver:
         if lines:
             self._spawn(self._submit(lines))
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro, bid: str | None = None) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: self._ended(t, bid))
         return task
+
+    def _ended(self, task: asyncio.Task, bid: str | None) -> None:
+        """A submission or a watcher that died of a bug: its lines are let go with the error
+        (retried like a failed line), never left waiting forever."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("internal error in batch mode: %r", exc, exc_info=exc)
+        if bid is not None:
+            self._end_lines(bid, "error", ApiError("server", f"internal error: {exc!r}"))
 
     # -- submission -----------------------------------------------------------------------
     async def _submit(self, lines: list[tuple[Key, bytes]]) -> None:
         bid = f"sg-{uuid.uuid4().hex[:20]}"
         cids = {f"{bid}-{i}": key for i, (key, _) in enumerate(lines)}
+        try:
+            await self._send(bid, cids, lines)
+        except Exception as exc:  # noqa: BLE001 - a bug: let the lines go, never hang
+            log.error("internal error submitting batch %s: %r", bid, exc, exc_info=exc)
+            self._fail_lines(bid, cids, ApiError("server", f"internal error: {exc!r}"))
+
+    async def _send(self, bid: str, cids: dict[str, Key], lines: list[tuple[Key, bytes]]
+                    ) -> None:
         data = b"".join(b'{"custom_id":%s,"method":"POST","url":"/v1/chat/completions",'
                         b'"body":%s}\n' % (orjson.dumps(cid), body)
                         for cid, (_, body) in zip(cids, lines, strict=True))
-        now = time.time()
-        with self.db:  # 1. the intent, before anything reaches the provider
-            self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute(
-                "INSERT INTO batches(id, session, created_at, state, lines, bytes, updated_at) "
-                "VALUES (?,?,?,?,?,?,?)", (bid, self.session_id, now, "intent", len(lines),
-                                           len(data), now))
-            self.db.executemany(
-                "INSERT INTO batch_lines(batch, custom_id, dataset, conv_id, turn) "
-                "VALUES (?,?,?,?,?)", [(bid, cid, *key) for cid, key in cids.items()])
+        for attempt in range(INTENT_TRIES):  # 1. the intent, before anything is sent
+            try:
+                self._intent(bid, cids, len(data))
+                break
+            except sqlite3.Error as exc:
+                if attempt + 1 == INTENT_TRIES:
+                    log.error("could not record batch %s in the store (%s): not submitted",
+                              bid, exc)
+                    self._fail_lines(bid, cids, ApiError(
+                        "server", f"the batch could not be recorded in the store: {exc}"))
+                    return
+                await asyncio.sleep(1.0)
         self.lines_of[bid] = cids
         self.states[bid] = "intent"
         self.counts["lines"] += len(lines)
@@ -236,6 +258,18 @@ class BatchDriver:
                  len(data))
         self._watch(bid)
 
+    def _intent(self, bid: str, cids: dict[str, Key], size: int) -> None:
+        now = time.time()
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute(
+                "INSERT INTO batches(id, session, created_at, state, lines, bytes, updated_at) "
+                "VALUES (?,?,?,?,?,?,?)", (bid, self.session_id, now, "intent", len(cids),
+                                           size, now))
+            self.db.executemany(
+                "INSERT INTO batch_lines(batch, custom_id, dataset, conv_id, turn) "
+                "VALUES (?,?,?,?,?)", [(bid, cid, *key) for cid, key in cids.items()])
+
     def _fail_lines(self, bid: str, cids: dict[str, Key], err: ApiError) -> None:
         for key in cids.values():
             fut = self.waiting.get(key)
@@ -246,7 +280,7 @@ class BatchDriver:
     # -- waiting and collecting -----------------------------------------------------------
     def _watch(self, bid: str) -> None:
         if bid not in self.watchers or self.watchers[bid].done():
-            self.watchers[bid] = self._spawn(self._follow(bid))
+            self.watchers[bid] = self._spawn(self._follow(bid), bid)
 
     async def _follow(self, bid: str) -> None:
         pid = self.provider_id.get(bid)
@@ -346,19 +380,30 @@ class BatchDriver:
             self._resolve(bid, cid, err)
 
     # -- the store ------------------------------------------------------------------------
+    # A write below that fails (disk full, store gone) is logged and the batch goes on in
+    # memory: the intent is in the store, so the next run still finds the batch (by its
+    # metadata) and collects the lines whose answers were not stored.
     def _set(self, bid: str, **cols: Any) -> None:
         cols = {k: v for k, v in cols.items() if v is not None}
         cols["updated_at"] = time.time()
         sets = ", ".join(f"{k}=?" for k in cols)
-        self.db.execute(f"UPDATE batches SET {sets} WHERE id=?", (*cols.values(), bid))
+        try:
+            self.db.execute(f"UPDATE batches SET {sets} WHERE id=?", (*cols.values(), bid))
+        except sqlite3.Error as exc:
+            log.warning("could not record batch %s's %s in the store: %s", bid,
+                        ", ".join(cols), exc)
 
     def _mark(self, marks: Iterable[tuple[str, str, str]]) -> None:
         marks = list(marks)
-        if marks:
+        if not marks:
+            return
+        try:
             with self.db:
                 self.db.execute("BEGIN IMMEDIATE")
                 self.db.executemany(
                     "UPDATE batch_lines SET outcome=? WHERE batch=? AND custom_id=?", marks)
+        except sqlite3.Error as exc:
+            log.warning("could not record the outcome of %d batch line(s): %s", len(marks), exc)
 
     # -- the end of the session -----------------------------------------------------------
     async def close(self, *, cancel: bool = False) -> None:
