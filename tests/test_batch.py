@@ -272,6 +272,8 @@ def write_batch_config(tmp_path, endpoint: str = "", budget: str = ""):
     ("batch_poll_interval = 0\n", "", "endpoint.batch_poll_interval"),
     ('batch_fallback = "maybe"\n', "", "batch_fallback"),
     ("", "batch_price_factor = 1.5", "budget.batch_price_factor"),
+    ('batch_files_path = "/v1/files"\n', "", "endpoint.batch_files_path"),
+    ('batch_batches_path = "batches?x=1"\n', "", "endpoint.batch_batches_path"),
 ])
 def test_config_refuses_bad_batch_settings(tmp_path, endpoint, budget, key):
     with pytest.raises(ConfigError) as exc:
@@ -483,3 +485,111 @@ def test_kill_9_at_random_points_never_submits_a_line_twice(tmp_path):
         check_store(run_dir)
     finally:
         sim.stop()
+
+
+# -- an independent batch server (not the simulator), with its own paths and purpose -------
+class TinyBatchServer:
+    """A minimal OpenAI-style batch server on 127.0.0.1 under /v2/uploads and /v2/jobs (upload
+    purpose "batch-api", as Together's): every line answered with a canned completion, the
+    batch completed when first read; it counts submissions."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        from email.parser import BytesParser
+
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, dict] = {}
+        self.submissions = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def reply(self, status, obj=None, raw=None):
+                data = raw if raw is not None else json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n)
+                if self.path == "/v2/uploads":
+                    msg = BytesParser().parsebytes(
+                        b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n"
+                        + body)
+                    parts = {p.get_param("name", header="content-disposition"): p.get_payload(
+                        decode=True) for p in msg.get_payload()}
+                    if parts.get("purpose") != b"batch-api":
+                        return self.reply(400, {"error": {"message": "bad purpose"}})
+                    fid = f"up-{len(outer.files)}"
+                    outer.files[fid] = parts["file"]
+                    return self.reply(200, {"id": fid})
+                if self.path == "/v2/jobs":
+                    req = json.loads(body)
+                    outer.submissions += 1
+                    bid = f"job-{len(outer.batches)}"
+                    out = []
+                    for line in outer.files[req["input_file_id"]].splitlines():
+                        item = json.loads(line)
+                        text = "Answer to: " + item["body"]["messages"][-1]["content"]
+                        out.append(json.dumps({"custom_id": item["custom_id"], "response": {
+                            "status_code": 200, "body": {
+                                "id": "x", "model": item["body"]["model"], "choices": [{
+                                    "index": 0, "finish_reason": "stop", "message": {
+                                        "role": "assistant", "content": text}}]}}}))
+                    outer.files[f"out-{bid}"] = ("\n".join(out) + "\n").encode()
+                    outer.batches[bid] = {"id": bid, "status": "validating",
+                                          "metadata": req.get("metadata"),
+                                          "output_file_id": None,
+                                          "request_counts": {"total": len(out)}}
+                    return self.reply(200, outer.batches[bid])
+                return self.reply(404, {"error": {"message": "no such path"}})
+
+            def do_GET(self):
+                path = self.path.split("?")[0]
+                if path == "/v2/jobs":
+                    return self.reply(200, {"data": list(outer.batches.values())[::-1],
+                                            "has_more": False})
+                if path.startswith("/v2/jobs/"):
+                    b = outer.batches.get(path.rsplit("/", 1)[1])
+                    if b is None:
+                        return self.reply(404, {"error": {"message": "no such batch"}})
+                    b.update(status="completed", output_file_id=f"out-{b['id']}")
+                    return self.reply(200, b)
+                if path.startswith("/v2/uploads/") and path.endswith("/content"):
+                    return self.reply(200, raw=outer.files[path.split("/")[3]])
+                return self.reply(404, {"error": {"message": "no such path"}})
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+
+
+def test_an_independent_batch_server_with_other_paths(tmp_path):
+    server = TinyBatchServer()
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(12))
+        path = write_config(tmp_path, server.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint=BATCH + 'batch_files_path = "v2/uploads"\n'
+                            'batch_batches_path = "v2/jobs"\nbatch_file_purpose = "batch-api"\n'
+                            'fetch_endpoints = false\napi_key_env = ""\n')
+        path.write_text(path.read_text().replace('api_key_env = "SPECGEN_TEST_KEY"\n', ""))
+        run_dir = tmp_path / "run-dir"
+        out = run_cli(path, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert server.submissions == 1
+        assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 12
+        db = sqlite3.connect(run_dir / "state.sqlite")
+        msgs = [json.loads(m)["content"] for (m,) in db.execute("SELECT message FROM results")]
+        db.close()
+        assert sorted(msgs)[0].startswith("Answer to: Question ")
+        check_store(run_dir)
+    finally:
+        server.stop()

@@ -17,6 +17,7 @@ from .errors import ConfigError
 OPENAI_MAX_REQUESTS = 50_000
 OPENAI_MAX_BYTES = 200 * 1024 * 1024
 WINDOW = re.compile(r"[1-9][0-9]*h")
+PATH = re.compile(r"[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*")
 DEFAULT_PRICE_FACTOR = 0.5
 # Batch APIs that fix sampling: (host suffix, model slug part) -> the body keys they refuse.
 # Moonshot's K2.5 batches apply the model's own values (temperature 1.0 thinking / 0.6
@@ -72,6 +73,14 @@ def check_batch(cfg: Any, endpoint_raw: dict[str, Any], where: str) -> None:
         value = getattr(ep, key)
         if not value > 0:
             raise ConfigError(f"{where}: endpoint.{key} must be > 0 seconds, got {value}")
+    for key in ("batch_files_path", "batch_batches_path"):
+        value = getattr(ep, key)
+        if not PATH.fullmatch(value):
+            raise ConfigError(f"{where}: endpoint.{key} must be a path under base_url like "
+                              f"\"files\" or \"v2/batches\" (no leading /, no query), got "
+                              f"{value!r}")
+    if not ep.batch_file_purpose.strip():
+        raise ConfigError(f"{where}: endpoint.batch_file_purpose must not be empty")
     factor = cfg.budget.batch_price_factor
     if factor is not None and not 0 < factor <= 1:
         raise ConfigError(f"{where}: budget.batch_price_factor must be > 0 and <= 1 (the batch "

@@ -93,6 +93,10 @@ class EndpointConfig:
     batch_fallback: Literal["none", "live"] = "none"
     batch_poll_interval: float = 30.0
     batch_linger_s: float = 5.0  # wait this long for more requests before submitting
+    # where a provider differs from OpenAI: the paths under base_url, the upload's purpose
+    batch_files_path: str = "files"
+    batch_batches_path: str = "batches"
+    batch_file_purpose: str = "batch"
 
     @property
     def is_sim(self) -> bool:

@@ -26,8 +26,11 @@ class BatchHttp:
 
     def __init__(self, base_url: str, *, api_key_env: str | None = None,
                  api_key: str | None = None, headers: Mapping[str, str] | None = None,
-                 connect_timeout: float = 10.0, timeout: float = 600.0):
+                 connect_timeout: float = 10.0, timeout: float = 600.0,
+                 files_path: str = "files", batches_path: str = "batches",
+                 purpose: str = "batch"):
         self.base_url = base_url.rstrip("/")
+        self.files, self.batches, self.purpose = files_path, batches_path, purpose
         if api_key is None and api_key_env:
             api_key = os.environ.get(api_key_env)
         api_key = (api_key or "").strip() or None
@@ -56,11 +59,11 @@ class BatchHttp:
 
     # -- the calls ------------------------------------------------------------------------
     async def upload(self, data: bytes, filename: str = "batch.jsonl") -> str:
-        """POST /files (purpose=batch): the file's id."""
+        """POST /files (purpose=batch by default): the file's id."""
         form = aiohttp.FormData()
-        form.add_field("purpose", "batch")
+        form.add_field("purpose", self.purpose)
         form.add_field("file", data, filename=filename, content_type="application/jsonl")
-        obj = await self._json("POST", "files", data=form)
+        obj = await self._json("POST", self.files, data=form)
         fid = obj.get("id") if isinstance(obj, dict) else None
         if not isinstance(fid, str):
             raise ApiError("invalid_response", f"file upload answered no id: {snippet(str(obj))}")
@@ -68,22 +71,22 @@ class BatchHttp:
 
     async def create(self, input_file_id: str, completion_window: str,
                      metadata: dict[str, str]) -> dict[str, Any]:
-        obj = await self._json("POST", "batches", body={
+        obj = await self._json("POST", self.batches, body={
             "input_file_id": input_file_id, "endpoint": "/v1/chat/completions",
             "completion_window": completion_window, "metadata": metadata})
         return _batch(obj)
 
     async def get(self, batch_id: str) -> dict[str, Any]:
-        return _batch(await self._json("GET", f"batches/{batch_id}"))
+        return _batch(await self._json("GET", f"{self.batches}/{batch_id}"))
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
-        return _batch(await self._json("POST", f"batches/{batch_id}/cancel", body={}))
+        return _batch(await self._json("POST", f"{self.batches}/{batch_id}/cancel", body={}))
 
     async def list(self, *, pages: int = 50) -> AsyncIterator[dict[str, Any]]:
         """The account's batches, newest first (at most `pages` pages of 100)."""
         after = None
         for _ in range(pages):
-            path = "batches?limit=100" + (f"&after={after}" if after else "")
+            path = f"{self.batches}?limit=100" + (f"&after={after}" if after else "")
             obj = await self._json("GET", path)
             data = obj.get("data") if isinstance(obj, dict) else None
             if not isinstance(data, list):
@@ -99,7 +102,7 @@ class BatchHttp:
         """The lines of a file's content, read in chunks (a result file can be hundreds of
         MB: never held whole)."""
         session = self._require()
-        url = f"{self.base_url}/files/{file_id}/content"
+        url = f"{self.base_url}/{self.files}/{file_id}/content"
         try:
             async with session.get(url) as resp:
                 if resp.status != 200:

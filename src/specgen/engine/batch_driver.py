@@ -512,7 +512,9 @@ async def attached(engine: Any, cfg: Any, *, base_url: str, store: Any, session_
         headers.setdefault("X-Specgen-Return-Token-Ids", "1")
     tag = f"{store.path.parent.name}@{store.get_meta('created_at') or '?'}"
     async with BatchHttp(base_url, api_key_env=ep.api_key_env, headers=headers,
-                         connect_timeout=ep.connect_timeout) as api:
+                         connect_timeout=ep.connect_timeout, files_path=ep.batch_files_path,
+                         batches_path=ep.batch_batches_path,
+                         purpose=ep.batch_file_purpose) as api:
         driver = BatchDriver(cfg, store.path, api, session_id=session_id, run_tag=tag,
                              live=live)
         await driver.start()
