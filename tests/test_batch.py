@@ -318,6 +318,9 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
         out = run_cli(path, timeout=300)  # collects it
         assert out.returncode == 0, out.stdout + out.stderr
         assert "saved $" in out.stdout
+        text = subprocess.run([*SPECGEN, "status", str(run_dir)], capture_output=True,
+                              text=True, timeout=60)
+        assert "batches: 1 (completed 1); lines 20 answered" in text.stdout, text.stdout
         assert sim_stats(sim)["batches"]["submitted"] == 1
         assert count(run_dir, "SELECT COUNT(*) FROM results") == 20
 
