@@ -238,7 +238,7 @@ def test_a_reset_mid_batched_stream_is_a_connection_error() -> None:
 
 def test_tick_off_and_aiohttp_only_settings_use_aiohttp() -> None:
     async def main() -> None:
-        for kwargs in ({"stream_tick": 0}, {"trust_env": True}, {"limit": 10}):
+        for kwargs in ({"stream_tick": 0}, {"limit": 10}):
             async with ChatClient("http://127.0.0.1:9/v1", **kwargs) as client:
                 assert client._pool is None
         async with ChatClient("http://127.0.0.1:9/v1") as client:

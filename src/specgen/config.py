@@ -38,6 +38,10 @@ class TargetConfig:
     # Template switches sent as `chat_template_kwargs` (vLLM/SGLang; over the `thinking` /
     # `enable_thinking` that [sampling] reasoning sets) and handed to the renderer the same way.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # How the Kimi encoder's long-run rule meets special tokens: "whole" (the tokenizer's own
+    # `encode(text)`) or "split_special" (special tokens split off first, as vLLM, SGLang and
+    # transformers' apply_chat_template tokenize). docs/tokenizers.md, "Which encode".
+    encode: Literal["whole", "split_special"] = "whole"
 
 
 @dataclass
@@ -84,6 +88,10 @@ class EndpointConfig:
     # Streams are read in batches, every connection once per tick (milliseconds; 0 = off:
     # every read as it lands, through aiohttp). See docs/client.md, "Batched stream reads".
     stream_tick_ms: float = 200.0
+    # Unset (or true): HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY from the environment;
+    # "http://host:port": every URL through it (NO_PROXY still applies); false: always direct.
+    # docs/client.md, "Proxies". Credentials belong in the environment, not here.
+    proxy: str | bool | None = None
     # mode = "batch" (docs/batch.md): the API, the lines and bytes per batch, the provider's
     # completion window, what to do with lines a batch could not answer, how often to poll.
     batch_api: Literal["openai", "openrouter"] = "openai"
@@ -280,7 +288,8 @@ class RunConfig:
             sampling["temperature"] = GENERIC_TEMPERATURE
         target = {k: v for k, v in data["target"].items() if k != "tokenizer"
                   and not (k == "serving" and v == "auto")  # runs made before the keys
-                  and not (k == "chat_template_kwargs" and not v)}
+                  and not (k == "chat_template_kwargs" and not v)
+                  and not (k == "encode" and v == "whole")}
         return _hash({"target": target, "sampling": sampling})
 
     def dataset_result_hash(self, ds: DatasetConfig) -> str:
@@ -806,6 +815,7 @@ def _validate_numbers(cfg: RunConfig, where: str) -> None:
     if not ep.outage_probe_max > 0:
         raise ConfigError(f"{where}: endpoint.outage_probe_max must be > 0 seconds, "
                           f"got {ep.outage_probe_max}")
+    _check_proxy(ep.proxy, where)
     if not ep.stream_tick_ms >= 0:
         raise ConfigError(f"{where}: endpoint.stream_tick_ms must be >= 0 (0 = off), "
                           f"got {ep.stream_tick_ms}")
@@ -846,6 +856,23 @@ def _check_provider(provider: Any, where: str) -> None:
     problem = provider_problem(provider)
     if problem:
         raise ConfigError(f"{where}: {problem}")
+
+
+def _check_proxy(value: str | bool | None, where: str) -> None:
+    """`endpoint.proxy`: an http:// URL without credentials (the config is copied into the
+    run store), or a bool."""
+    if not isinstance(value, str):
+        return
+    from specgen.proxy import ProxyError, parse_proxy
+    try:
+        proxy = parse_proxy(value, "endpoint.proxy")
+    except ProxyError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if proxy.authorization:
+        raise ConfigError(
+            f"{where}: endpoint.proxy: credentials do not belong in the config file (it is "
+            "copied into the run store); set HTTPS_PROXY / HTTP_PROXY with them in the "
+            "environment instead and leave endpoint.proxy unset")
 
 
 def build_table(cls: type, raw: Any, name: str, where: str):

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+from . import jsonexact
 
 Message = dict[str, Any]
 Tool = dict[str, Any]
@@ -106,9 +106,14 @@ class Conversation:
         )
 
 
+# The names reasoning goes by in a message, in the order transformers 5 reads them (it hands
+# the first one set to the template as `reasoning_content`); every renderer reads the same.
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
 def message_reasoning(msg: Message) -> str | None:
     """Reasoning of an assistant message, whichever field name the source used."""
-    for key in ("reasoning_content", "reasoning"):
+    for key in REASONING_KEYS:
         value = msg.get(key)
         if isinstance(value, str):
             return value
@@ -130,4 +135,4 @@ def content_text(content: Any) -> str:
 
 def stable_id(obj: Any) -> str:
     """Content hash used as a conversation id when the row has none (stable across runs)."""
-    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
+    return hashlib.sha256(jsonexact.dumps(obj, sort_keys=True)).hexdigest()[:24]

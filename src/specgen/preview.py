@@ -474,11 +474,12 @@ def _serves(models: list[str], model: str) -> bool:
 def _fetch_endpoints(cfg: RunConfig):
     """GET {base}/models/{model}/endpoints (free, no key sent)."""
     from .engine.policy import parse_endpoints
+    from .proxy import urlopen as proxied_urlopen
 
     url = f"{cfg.endpoint.base_url[0].rstrip('/')}/models/{quote(cfg.target.model, safe='/')}/endpoints"
     try:
-        with urllib.request.urlopen(urllib.request.Request(
-                url, headers={"User-Agent": "specgen-preview"}), timeout=20) as r:
+        with proxied_urlopen(url, setting=cfg.endpoint.proxy,
+                             headers={"User-Agent": "specgen-preview"}, timeout=20) as r:
             return parse_endpoints(json.loads(r.read()))
     except (urllib.error.URLError, OSError, ValueError):
         return []

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from . import jsonexact
 from .display import UNKNOWN_PROVIDER
 from .records import (
     AttemptRecord,
@@ -329,11 +330,11 @@ def unpack_ids(blob: bytes | None) -> list[int] | None:
 
 
 def pack_json(obj: Any) -> bytes:
-    return zlib.compress(orjson.dumps(obj), 1)
+    return zlib.compress(jsonexact.dumps(obj), 1)
 
 
 def unpack_json(blob: bytes | None) -> Any:
-    return None if blob is None else orjson.loads(zlib.decompress(blob))
+    return None if blob is None else jsonexact.loads(zlib.decompress(blob))
 
 
 # -- rows -------------------------------------------------------------------------------------
@@ -395,7 +396,7 @@ def decode_result_row(row: tuple) -> ResultRow:
     return ResultRow(
         task=row[0], conversation=row[1], conv_id=row[2], dataset=row[3], turn=row[4],
         provider=row[5], model=row[6], finish_reason=row[7], native_finish_reason=row[8],
-        request=unpack_json(row[9]), message=orjson.loads(row[10]),
+        request=unpack_json(row[9]), message=jsonexact.loads(row[10]),
         input_ids=unpack_ids(row[11]) or [], n_prompt=row[12],
         true_prompt_ids=unpack_ids(row[13]), true_completion_ids=unpack_ids(row[14]),
         prompt_tokens=row[15], completion_tokens=row[16], reasoning_tokens=row[17],
@@ -800,7 +801,7 @@ class Store:
 
     def answers_of(self, conversation: int) -> dict[int, dict[str, Any]]:
         """{turn: normalised assistant message} of a conversation's stored results."""
-        return {turn: orjson.loads(msg) for turn, msg in self.conn.execute(
+        return {turn: jsonexact.loads(msg) for turn, msg in self.conn.execute(
             "SELECT turn, message FROM results WHERE conversation=? ORDER BY turn",
             (conversation,))}
 

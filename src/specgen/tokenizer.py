@@ -60,6 +60,9 @@ class TokenizerError(Exception):
     """A tokenizer could not be loaded; the message names the file and what is wrong."""
 
 
+ENCODE_MODES = ("whole", "split_special")
+
+
 class Tokenizer:
     """Common interface of the loaded tokenizers."""
 
@@ -84,6 +87,25 @@ class Tokenizer:
     def encode_after(self, prefix: str, text: str) -> list[int]:
         """Ids of `text` where it follows `prefix` (ending in a special token) in one string."""
         return self.encode(text)
+
+    # How the long-run rule meets special-token text (docs/tokenizers.md, "Which encode"):
+    # "whole" runs it over the whole string, as the Kimi tokenizer's own `encode(text)` does;
+    # "split_special" splits the special tokens off first and runs it on each text between
+    # them, as `tokenizer(text, add_special_tokens=False)` / apply_chat_template do (vLLM,
+    # SGLang, transformers). Only the Kimi layout has the rule; elsewhere both are the same.
+    encode_mode: str = "whole"
+
+    def with_encode(self, mode: str) -> Tokenizer:
+        """This tokenizer with `mode` ("whole" | "split_special"); a copy when it differs."""
+        if mode not in ENCODE_MODES:
+            raise TokenizerError(f"encode must be one of {', '.join(ENCODE_MODES)}, not {mode!r}")
+        if mode == self.encode_mode:
+            return self
+        import copy
+
+        other = copy.copy(self)
+        other.encode_mode = mode
+        return other
 
     def decode(self, ids: Sequence[int]) -> str:
         """Exact text of ids (byte concatenation; invalid UTF-8 is replaced)."""
@@ -183,10 +205,45 @@ class TiktokenTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         if len(text) > MAX_RUN:
+            if self.encode_mode == "split_special":
+                return self._encode_split(text, (0, 0, False))
             pieces = long_text_pieces(text)
             if len(pieces) > 1:
                 return [i for piece in pieces for i in self._encode_piece(piece)]
         return self._encode_piece(text)
+
+    @cached_property
+    def _special_re(self) -> re.Pattern[str]:
+        # leftmost, then longest: what transformers' added-token trie splits on
+        names = sorted(self.special_tokens, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, names)))
+
+    def _encode_split(self, text: str, state: tuple[int, int, bool]) -> list[int]:
+        """split_special: special tokens first, then the long-run rule on each text between
+        them (its windows and runs start afresh after every special token)."""
+        out: list[int] = []
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if m.start() > pos:
+                for piece in long_text_pieces(text[pos:m.start()], state):
+                    out += self._encode_piece(piece)
+            state = (0, 0, False)
+            out.append(self.special_tokens[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            for piece in long_text_pieces(text[pos:], state):
+                out += self._encode_piece(piece)
+        return out
+
+    def _tail_segment(self, prefix: str) -> str:
+        """The text of `prefix` after its last special token (all of it when it has none)."""
+        for name in self.special_tokens:  # the usual case: the prompt ends with one
+            if prefix.endswith(name):
+                return ""
+        end = 0
+        for m in self._special_re.finditer(prefix):
+            end = m.end()
+        return prefix[end:]
 
     def _encode_piece(self, text: str) -> list[int]:
         if self._splitter is None:
@@ -194,6 +251,11 @@ class TiktokenTokenizer(Tokenizer):
         return self._splitter.encode(text)
 
     def encode_after(self, prefix: str, text: str) -> list[int]:
+        if self.encode_mode == "split_special":  # the run goes on only from the prefix's tail
+            tail = self._tail_segment(prefix)
+            if len(text) <= MAX_RUN and not tail:
+                return self._encode_piece(text)
+            return self._encode_split(text, prefix_state(tail))
         pieces = long_text_pieces(text, prefix_state(prefix))
         if len(pieces) == 1:
             return self._encode_piece(pieces[0])
@@ -497,8 +559,9 @@ class HFTokenizer(Tokenizer):
         return self._tok.get_vocab_size(with_added_tokens=True)
 
 
-def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
-    """Load a tokenizer from a model dir, a hub id (``owner/name``), or ``"demo"``."""
+def load_tokenizer(spec: str | os.PathLike[str], encode: str = "whole") -> Tokenizer:
+    """Load a tokenizer from a model dir, a hub id (``owner/name``), or ``"demo"``; `encode`:
+    how the long-run rule meets special tokens ("whole" | "split_special", `encode_mode`)."""
     spec_str = os.fspath(spec)
     if spec_str == "demo":
         path = DEMO_TOKENIZER_DIR
@@ -513,7 +576,7 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer:
                 raise TokenizerError(
                     f"{spec_str!r} is not a local directory, so it was taken as a hub id: {exc}"
                 ) from None
-    return _load_dir(path)
+    return _load_dir(path).with_encode(encode)
 
 
 def _load_dir(path: Path) -> Tokenizer:

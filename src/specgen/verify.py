@@ -212,7 +212,7 @@ def run_tokenizer_and_renderer(meta: dict[str, str], tokenizer: str | None = Non
     if not spec:
         raise VerifyError("the run's config names no tokenizer; pass --tokenizer PATH")
     try:
-        tok = load_tokenizer(spec)
+        tok = load_tokenizer(spec, (config.get("target") or {}).get("encode") or "whole")
     except TokenizerError as exc:
         raise VerifyError(f"cannot load the run's tokenizer: {exc} (pass --tokenizer PATH)") from None
     want = meta.get("tokenizer_fingerprint")

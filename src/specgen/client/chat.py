@@ -20,6 +20,9 @@ import orjson
 from aiohttp.http import SERVER_SOFTWARE
 from yarl import URL
 
+from specgen.proxy import Proxy, ProxyChooser
+
+from .. import jsonexact
 from .balancer import Balancer
 from .deadline import Deadline
 from .errors import Redactor, describe_error, error_from_response, snippet
@@ -67,7 +70,7 @@ def _check_headers(headers: Mapping[str, str]) -> dict[str, str]:
 def _encode(body: dict[str, Any]) -> bytes:
     """The request body as sent (orjson, once); a body that is not JSON is `bad_request`."""
     try:
-        return orjson.dumps(body)
+        return jsonexact.dumps(body)  # integers beyond 64 bits too
     except TypeError as exc:
         problem = str(exc)
     # raised outside the except block, so no exception chain holds the body
@@ -132,7 +135,8 @@ class ChatClient:
         cooldown: float = 5.0,
         max_cooldown: float = 60.0,
         max_body_bytes: int = MAX_BODY,
-        trust_env: bool = False,
+        proxy: str | bool | None = None,
+        env: Mapping[str, str] | None = None,
         stream_tick: float | None = 0.2,
     ):
         self._balancer = Balancer(
@@ -142,7 +146,9 @@ class ChatClient:
         if api_key is None and api_key_env:
             api_key = os.environ.get(api_key_env)
         api_key = (api_key or "").strip() or None
-        self._redact = Redactor(api_key)
+        # None: HTTPS_PROXY / HTTP_PROXY / NO_PROXY (read once, here); a URL; False: direct
+        self._proxies = ProxyChooser(proxy, env)
+        self._redact = Redactor(api_key, self._proxies.secrets)
         self._headers: dict[str, str] = {
             "Content-Type": "application/json",
             "Accept": "application/json, text/event-stream",
@@ -161,12 +167,11 @@ class ChatClient:
         self._limit_per_host = limit_per_host
         self._keepalive = keepalive_timeout
         self._max_body = max_body_bytes
-        self._trust_env = trust_env
         self._session: aiohttp.ClientSession | None = None
         # Streams are read by the batched reader (h1.py, ticker.py) unless the tick is off or
-        # a setting only aiohttp supports is on (a connection cap, proxies from the env).
+        # a setting only aiohttp supports is on (a connection cap).
         self.stream_tick = float(stream_tick or 0.0)
-        self._batched = self.stream_tick > 0 and not (trust_env or limit or limit_per_host)
+        self._batched = self.stream_tick > 0 and not (limit or limit_per_host)
         self._pool: H1Pool | None = None
         fixed = {"user-agent": ("User-Agent", SERVER_SOFTWARE),
                  "accept-encoding": ("Accept-Encoding", "identity")}
@@ -200,6 +205,7 @@ class ChatClient:
             total_timeout=cfg.total_timeout,
             concurrency=cfg.concurrency,
             stream_tick=cfg.stream_tick_ms / 1000,
+            proxy=cfg.proxy,
         )
         kwargs.update(overrides)
         return cls(urls, **kwargs)
@@ -208,6 +214,14 @@ class ChatClient:
         urls = [ep.url for ep in self._balancer.endpoints]
         key = "set" if self.has_key else "none"
         return f"ChatClient(base_urls={urls!r}, stream={self.stream}, api_key={key})"
+
+    def proxy_for(self, url: URL) -> Proxy | None:
+        """The proxy `url` goes through (None: direct)."""
+        return self._proxies.for_url(url.scheme, url.raw_host or "", url.port or 0)
+
+    def describe_proxies(self) -> str:
+        """One line for the log: which proxies, from where (credentials shown as ***)."""
+        return self._proxies.describe()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -228,7 +242,7 @@ class ChatClient:
                     total=None, connect=None, sock_read=None,
                     sock_connect=self.connect_timeout or None,
                 ),
-                trust_env=self._trust_env,
+                trust_env=False,  # proxies are chosen by ProxyChooser, once per URL
                 cookie_jar=aiohttp.DummyCookieJar(),
             )
             if self._batched:
@@ -336,6 +350,13 @@ class ChatClient:
                     f"connect timeout: no connection within {self.connect_timeout:g} s",
                     timeout_phase="connect",
                 ) from None
+            except aiohttp.ClientHttpProxyError as exc:  # the proxy refused CONNECT
+                att.healthy = False
+                proxy = self.proxy_for(url)
+                where = proxy.display if proxy is not None else "the proxy"
+                raise ApiError(
+                    "unreachable", f"{where} refused CONNECT: HTTP {exc.status} "
+                    f"{snippet(exc.message or '', 120)}") from None
             except (aiohttp.ClientResponseError, HttpProtocolError) as exc:
                 # the server spoke broken HTTP
                 text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
@@ -397,7 +418,15 @@ class ChatClient:
                         token_api: str | None, deadline: Deadline) -> None:
         """One request through aiohttp (non-stream bodies, GETs, and streams when the batched
         reader is off)."""
-        async with session.request(method, url, data=payload, allow_redirects=False) as resp:
+        proxy = self.proxy_for(url)
+        extra: dict[str, Any] = {}
+        if proxy is not None:
+            extra["proxy"] = proxy.url
+            if proxy.authorization:  # to the proxy only: CONNECT's head, or the forwarded
+                auth = {"Proxy-Authorization": proxy.authorization}  # request it consumes
+                extra["proxy_headers" if url.scheme == "https" else "headers"] = auth
+        async with session.request(method, url, data=payload, allow_redirects=False,
+                                   **extra) as resp:
             att.first_byte_at = time.time()
             deadline.got_headers()
             status = att.status = resp.status
@@ -433,10 +462,12 @@ class ChatClient:
         pool = self._pool
         assert pool is not None and url.raw_host is not None
         origin = (url.scheme, url.raw_host, url.port or 0)
-        conn = await pool.acquire(origin)
+        proxy = self.proxy_for(url)
+        conn = await pool.acquire(origin, proxy)
         clean = False
         try:
-            conn.start(self._h1_request(method, url, payload or b""), deadline)
+            conn.start(self._h1_request(method, url, payload or b"",
+                                        proxy if conn.via_proxy else None), deadline)
             resp = await conn.head  # type: ignore[misc]
             att.first_byte_at = time.time()
             deadline.got_headers()
@@ -477,15 +508,23 @@ class ChatClient:
             else:
                 conn.abort()
 
-    def _h1_request(self, method: str, url: URL, payload: bytes) -> bytes:
-        host = self._h1_host
-        if host is None:
-            host = url.raw_host or ""
-            if ":" in host:
-                host = f"[{host}]"
-            if not url.is_default_port():
-                host = f"{host}:{url.port}"
-        head = (f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {host}\r\n"
+    def _h1_request(self, method: str, url: URL, payload: bytes,
+                    proxy: Proxy | None = None) -> bytes:
+        """The request's bytes; through an http proxy (no tunnel) the request line names the
+        absolute URL and the proxy's credentials go in `Proxy-Authorization`."""
+        authority = url.raw_host or ""
+        if ":" in authority:
+            authority = f"[{authority}]"
+        if not url.is_default_port():
+            authority = f"{authority}:{url.port}"
+        host = self._h1_host if self._h1_host is not None else authority
+        target = url.raw_path_qs
+        auth = ""
+        if proxy is not None:
+            target = f"{url.scheme}://{authority}{target}"
+            if proxy.authorization:
+                auth = f"Proxy-Authorization: {proxy.authorization}\r\n"
+        head = (f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{auth}"
                 f"Content-Length: {len(payload)}\r\n").encode("latin-1")
         return head + self._h1_headers + payload
 

@@ -160,6 +160,9 @@ def error_from_response(
         provider = parsed["provider"]
     if status in (301, 302, 303, 307, 308):
         message = f"unexpected redirect to {snippet(headers.get('Location', '?'), 120)}"
+    if status == 407:  # a proxy on the way, not the API: the path to it is refused
+        kind = "unreachable"
+        message = f"the proxy refused the request (407 Proxy Authentication Required): {message}"
     usage = parsed.get("usage") if isinstance(parsed, dict) else None
     return ApiError(
         kind,
@@ -174,28 +177,35 @@ def error_from_response(
 
 
 class Redactor:
-    """Replaces the API key wherever it could leak: messages, bodies, response fields."""
+    """Replaces the API key (and a proxy's credentials) wherever they could leak: messages,
+    bodies, response fields."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_key", "_keys")
 
     MASK = "[REDACTED]"
 
-    def __init__(self, key: str | None):
-        self._key = key or None
+    def __init__(self, key: str | None, extra: tuple[str, ...] = ()):
+        # the longest first, so a secret inside another is masked as part of it
+        keys = sorted({k for k in (key, *extra) if k and (k == key or len(k) >= 4)},
+                      key=len, reverse=True)
+        self._keys = tuple(keys)
+        self._key = self._keys[0] if self._keys else None
 
     def __repr__(self) -> str:
         return "Redactor(<key hidden>)" if self._key else "Redactor(no key)"
 
     def text(self, value: str) -> str:
-        key = self._key
-        if key and key in value:
-            return value.replace(key, self.MASK)
+        for key in self._keys:
+            if key in value:
+                value = value.replace(key, self.MASK)
         return value
+
+    def _found(self, text: str) -> bool:
+        return any(k in text for k in self._keys)
 
     def obj(self, value: Any) -> Any:
         """A JSON-like value with the key masked (round-trips through JSON only when needed)."""
-        key = self._key
-        if not key or value is None:
+        if not self._keys or value is None:
             return value
         if isinstance(value, str):
             return self.text(value)
@@ -203,9 +213,9 @@ class Redactor:
             dumped = orjson.dumps(value, default=str).decode()
         except TypeError:
             return self.text(repr(value))
-        if key not in dumped:
+        if not self._found(dumped):
             return value
-        return orjson.loads(dumped.replace(key, self.MASK))
+        return orjson.loads(self.text(dumped))
 
     def error(self, err: ApiError) -> ApiError:
         if self._key:

@@ -270,6 +270,7 @@ class H1Connection(asyncio.Protocol):
         self.last_len = 0  # bytes of the latest read
         self.reader: Any = None  # what the ticker pauses, and its direct read step
         self.read_step: Any = None
+        self.via_proxy = False  # connected to an http proxy: requests in absolute form
         self._reset()
 
     def _reset(self) -> None:

@@ -16,6 +16,8 @@ import time
 import weakref
 from typing import Any
 
+from specgen.proxy import Proxy
+
 from .h1 import H1Connection
 from .ticker import ReadTicker
 
@@ -24,6 +26,39 @@ DNS_TTL = 300.0
 
 class ConnectTimeout(OSError):
     """No connection within the connect timeout (mapped to `unreachable`, phase `connect`)."""
+
+
+class ProxyTunnelError(OSError):
+    """The proxy did not open the tunnel (mapped to `unreachable`; no credentials in it)."""
+
+
+MAX_PROXY_HEAD = 16 * 1024
+
+
+class _TunnelReply(asyncio.Protocol):
+    """Reads the proxy's answer to CONNECT (its head only); the connection is then handed to
+    TLS and the `H1Connection`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.head: asyncio.Future[bytes] = loop.create_future()
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        end = self.buf.find(b"\r\n\r\n")
+        if end >= 0 and not self.head.done():
+            if end + 4 != len(self.buf):  # a server speaking before the TLS handshake
+                self.head.set_exception(ProxyTunnelError("the proxy sent bytes after its "
+                                                         "CONNECT answer"))
+                return
+            self.head.set_result(self.buf[:end])
+        elif len(self.buf) > MAX_PROXY_HEAD and not self.head.done():
+            self.head.set_exception(ProxyTunnelError("the proxy's CONNECT answer is too long"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.head.done():
+            self.head.set_exception(ProxyTunnelError("the proxy closed the connection during "
+                                                     "CONNECT"))
 
 
 Origin = tuple[str, str, int]  # scheme, host, port
@@ -42,8 +77,10 @@ class H1Pool:
         self._lookups: dict[tuple[str, int], asyncio.Task[list[Any]]] = {}
         self._ssl: ssl.SSLContext | None = None
 
-    async def acquire(self, origin: Origin) -> H1Connection:
-        """An idle connection to `origin`, or a new one."""
+    async def acquire(self, origin: Origin, proxy: Proxy | None = None) -> H1Connection:
+        """An idle connection to `origin`, or a new one (through `proxy` when given: a
+        CONNECT tunnel for https, a plain connection to the proxy for http, whose requests
+        then name their absolute URL)."""
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
@@ -54,7 +91,9 @@ class H1Pool:
                 return conn
         try:
             async with asyncio.timeout(self._connect_timeout):
-                return await self._connect(origin)
+                if proxy is None:
+                    return await self._connect(origin)
+                return await self._connect_proxy(origin, proxy)
         except TimeoutError:
             raise ConnectTimeout(f"no connection within {self._connect_timeout:g} s") from None
 
@@ -115,6 +154,48 @@ class H1Pool:
             self._conns.add(conn)
             return conn
         raise last if last is not None else OSError(f"no address for {host}")
+
+    async def _connect_proxy(self, origin: Origin, proxy: Proxy) -> H1Connection:
+        scheme, host, port = origin
+        if scheme != "https":  # http through a proxy: absolute-form requests, no tunnel
+            conn = await self._connect(("http", proxy.host, proxy.port))
+            conn.via_proxy = True
+            return conn
+        transport: asyncio.Transport | None = None
+        last: OSError | None = None
+        reply = _TunnelReply(self._loop)
+        for family, addr in await self._resolve(proxy.host, proxy.port):
+            try:
+                transport, _ = await self._loop.create_connection(
+                    lambda: reply, addr[0], addr[1], family=family)
+                break
+            except OSError as exc:
+                last = exc
+        if transport is None:
+            raise last if last is not None else OSError(f"no address for {proxy.host}")
+        try:
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+            if proxy.authorization:
+                head += f"Proxy-Authorization: {proxy.authorization}\r\n"
+            transport.write(head.encode("latin-1") + b"\r\n")
+            answer = await reply.head
+            status_line = answer.split(b"\r\n", 1)[0].decode("latin-1", "replace")
+            parts = status_line.split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/") or parts[1] != "200":
+                raise ProxyTunnelError(f"the proxy {proxy.display} refused CONNECT {target}: "
+                                       f"{status_line[:120]}")
+            conn = H1Connection(self._loop, self._ticker)
+            tls = await self._loop.start_tls(transport, conn, self._ssl_context(),
+                                             server_hostname=host)
+            if tls is None:
+                raise ProxyTunnelError("TLS through the proxy tunnel did not start")
+        except BaseException:
+            transport.abort()
+            raise
+        conn.connection_made(tls)
+        self._conns.add(conn)
+        return conn
 
     async def _resolve(self, host: str, port: int) -> list[Any]:
         key = (host, port)

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         pin_for_run_dir(cfg)  # a run made before the model-card defaults resumes without
-        tokenizer = load_tokenizer(cfg.target.tokenizer)
+        tokenizer = load_tokenizer(cfg.target.tokenizer, cfg.target.encode)
         renderer = target_renderer(cfg, tokenizer)
     except (ConfigError, TokenizerError, RenderError) as exc:
         print(f"specgen preview: {exc}", file=sys.stderr)

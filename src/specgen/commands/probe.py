@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         opts = _options(args)
         cfg = load_config(args.config)
         pin_for_run_dir(cfg)  # a resumed run's sampling, as it would be sent
-        tokenizer = load_tokenizer(cfg.target.tokenizer)
+        tokenizer = load_tokenizer(cfg.target.tokenizer, cfg.target.encode)
         renderer = target_renderer(cfg, tokenizer)
     except (ValueError, ConfigError, TokenizerError, RenderError) as exc:
         print(f"specgen probe: {exc}", file=sys.stderr)

@@ -51,6 +51,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chat-template-kwargs", metavar="JSON",
                    help="template switches as a JSON object, as a server's chat_template_kwargs "
                         "(default: none; the template's own defaults, e.g. K2.5 thinks)")
+    p.add_argument("--encode", choices=("whole", "split_special"), default="whole",
+                   help="how the long-run rule meets special tokens: whole (the Kimi "
+                        "tokenizer's own encode) or split_special (special tokens split off "
+                        "first, as vLLM, SGLang and apply_chat_template tokenize); "
+                        "docs/tokenizers.md")
     p.add_argument("--serving", choices=("transformers", "vllm", "sglang"),
                    default="transformers",
                    help="how the serving stack renders history: transformers (default: "
@@ -68,6 +73,7 @@ class Summary:
     invalid: int = 0
     tokens: int = 0
     sampled_tokens: int = 0
+    stray_stops: int = 0  # samples whose sampled part holds a stop id before its end
 
 
 class LineError(ValueError):
@@ -105,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         switches.update(extra)
     try:
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer, getattr(args, "encode", "whole"))
         renderer = get_renderer(args.renderer, tokenizer, thinking=args.thinking is not False,
                                 chat_template_kwargs=switches, **options)
     except (TokenizerError, RenderError) as exc:
@@ -131,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"specgen tokenize: {summary.lines} lines, {summary.samples} samples, "
         f"{summary.invalid} invalid{' (skipped)' if summary.invalid else ''}, "
-        f"{summary.tokens} tokens ({summary.sampled_tokens} with loss), {took:.1f}s",
+        f"{summary.tokens} tokens ({summary.sampled_tokens} with loss), {took:.1f}s"
+        + (f", {summary.stray_stops} with an end-of-turn token inside the sampled part "
+           "(warned above)" if summary.stray_stops else ""),
         file=sys.stderr,
     )
     return 0
@@ -148,11 +156,13 @@ def tokenize_lines(
     """
     import orjson
 
+    from .. import jsonexact
     from ..render import RenderError
+    from ..render.base import stray_stop_ids
     from ..render.serving import history_as_served
     from ..render.validate import check_conversation
 
-    dumps, loads = orjson.dumps, orjson.loads
+    dumps, loads = orjson.dumps, jsonexact.loads  # integers beyond 64 bits stay exact
     make = renderer.sample_all_turns if all_turns else renderer.sample
     summary = Summary()
     for lineno, line in enumerate(lines, 1):
@@ -182,6 +192,13 @@ def tokenize_lines(
             summary.invalid += 1
             report(f"specgen tokenize: skipped {msg}")
             continue
+        stray = stray_stop_ids(sample, renderer.stop_token_ids)
+        if stray:
+            summary.stray_stops += 1
+            report(f"specgen tokenize: warning: {source}:{lineno}: the sampled part holds an "
+                   f"end-of-turn token before its end (token {stray[0]}: the message's text "
+                   "has a literal stop string); kept as the template renders it, but a model "
+                   "stops there")
         out = {"id": row["id"]} if "id" in row else {}
         out["input_ids"] = sample.input_ids
         out["loss_mask"] = sample.loss_mask

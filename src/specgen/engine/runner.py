@@ -155,7 +155,7 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
     for ds in empty_datasets(cfg):
         log.warning("dataset %r: %s has no rows; nothing will be sent for it", ds.name, ds.path)
     try:
-        tokenizer = load_tokenizer(cfg.target.tokenizer)
+        tokenizer = load_tokenizer(cfg.target.tokenizer, cfg.target.encode)
         renderer = target_renderer(cfg, tokenizer)
     except Exception as exc:  # noqa: BLE001 - tokenizer/renderer errors name their cause
         raise RunError(f"cannot load the tokenizer/renderer: {exc}") from None
@@ -237,6 +237,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                                      orjson.dumps(opts.argv).decode(), time.time())
     try:
         client = ChatClient.from_config(cfg.endpoint, base_urls=urls)
+        log.info("network: %s", client.describe_proxies())
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
             if cfg.endpoint.mode == "batch":

@@ -130,7 +130,7 @@ def specforge_row(conv: RegeneratedConversation) -> dict[str, Any]:
     loader parses itself: as nested objects, Arrow would unify the tool schemas of all rows
     into one struct and hand every tool the other rows' parameter names as nulls.
     """
-    import orjson
+    from .. import jsonexact
 
     keep = ("role", "content", "name", "reasoning_content", "tool_calls", "tool_call_id")
     msgs = []
@@ -141,5 +141,5 @@ def specforge_row(conv: RegeneratedConversation) -> dict[str, Any]:
         msgs.append(out)
     row: dict[str, Any] = {"id": conv.id, "conversations": msgs}
     if conv.tools:
-        row["tools"] = orjson.dumps(conv.tools).decode()
+        row["tools"] = jsonexact.dumps(conv.tools).decode()
     return row

@@ -426,9 +426,9 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
 def _json_or_none(value: str | None):
     if not value:
         return None
-    import orjson
+    from .. import jsonexact
 
     try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
+        return jsonexact.loads(value)
+    except jsonexact.JSONDecodeError:
         return value

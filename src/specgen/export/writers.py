@@ -15,8 +15,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from .. import jsonexact
 from .atomic import fsync_file, remove, temp_path
 
 ROW_GROUP_ROWS = 1024
@@ -59,7 +58,7 @@ class JsonlWriter(Writer):
         self._f = open(self.temp, "wb")
 
     def write(self, row: dict[str, Any]) -> None:
-        self._f.write(orjson.dumps(row))
+        self._f.write(jsonexact.dumps(row))
         self._f.write(b"\n")
         self.rows += 1
 

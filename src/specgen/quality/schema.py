@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-import orjson
+from .. import jsonexact
 
 
 def schema_problem(arguments: Any, parameters: Any) -> str | None:
@@ -23,7 +23,7 @@ def schema_problem(arguments: Any, parameters: Any) -> str | None:
     validator = _recent.get(id(parameters))
     if validator is None or validator[0] is not parameters:
         try:
-            key = orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS)
+            key = jsonexact.dumps(parameters, sort_keys=True)
         except TypeError:
             return None  # not plain JSON data: nothing to judge with
         if len(_recent) > 1024:
@@ -50,7 +50,7 @@ _recent: dict[int, tuple[Any, Any]] = {}
 def _validator(key: bytes):
     import jsonschema
 
-    schema = orjson.loads(key)
+    schema = jsonexact.loads(key)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)

@@ -53,6 +53,16 @@ class Sample:
         )
 
 
+def stray_stop_ids(sample: Sample, stop_ids: frozenset[int] | set[int]) -> list[int]:
+    """Positions of stop ids inside a sampled run (mask 1) before the run's end: the
+    message held an end-of-turn text (a literal `<|im_end|>`), which every renderer keeps as
+    the template renders it, though a model stops there. `specgen tokenize` warns of them;
+    the engine never meets them (normalise quarantines such answers: stray_special_token)."""
+    ids, mask = sample.input_ids, sample.loss_mask
+    n = len(ids)  # a stop id that ends a sampled run (each turn's own stop) is not stray
+    return [k for k in range(n - 1) if mask[k] and mask[k + 1] and ids[k] in stop_ids]
+
+
 @dataclass
 class Renderer:
     """Base class of all renderers. Subclasses implement the four abstract methods.

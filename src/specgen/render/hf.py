@@ -27,7 +27,7 @@ from datetime import datetime
 from functools import cached_property, lru_cache
 from typing import Any
 
-from ..conversation import AssistantMessage, Message, ToolCall
+from ..conversation import AssistantMessage, Message, ToolCall, message_reasoning
 from .base import Renderer, RenderError, Sample, first_difference
 from .serving import content_format, parsed_calls, template_view
 
@@ -169,11 +169,26 @@ class HFRenderer(Renderer):
                 f"{prompt[at:at + 40]!r}, full render has {full[at:at + 40]!r}), so the sampled "
                 "part cannot be told apart"
             )
-        return prompt, self._cut_after_stop(full[len(prompt):])
+        return prompt, self._cut_after_stop(full[len(prompt):], message)
 
-    def _cut_after_stop(self, text: str) -> str:
-        ends = [i + len(s) for s in self._stop_strings if (i := text.find(s)) >= 0]
-        return text[: min(ends)] if ends else text
+    def _cut_after_stop(self, text: str, message: Message | None = None) -> str:
+        """The sampled text ends with the template's own stop after the message (what the
+        template writes after that, e.g. Qwen's "\n", was never sampled). Stop strings the
+        message itself holds (a literal `<|im_end|>` in its content) come first and are kept,
+        as the Kimi renderers and the official templates keep them: the rule is the same
+        for every renderer, and `specgen tokenize` warns of such samples
+        (`render.stray_stop_ids`)."""
+        literal = _stop_texts_in(message, self._stop_strings) if message else 0
+        at = 0
+        while True:
+            hits = [(i, s) for s in self._stop_strings if (i := text.find(s, at)) >= 0]
+            if not hits:
+                return text
+            i, stop = min(hits)
+            at = i + len(stop)
+            if literal <= 0:
+                return text[:at]
+            literal -= 1
 
     def _template_message(self, m: Message) -> Message:
         if not isinstance(m, dict):
@@ -243,6 +258,25 @@ class HFRenderer(Renderer):
         content = text.lstrip("\n") if reasoning is not None else text
         return AssistantMessage(content=content.rstrip("\n") if calls else content,
                                 reasoning=reasoning, tool_calls=tuple(calls))
+
+
+def _stop_texts_in(message: Message, stops: Sequence[str]) -> int:
+    """How many stop strings the message's own text holds (content, reasoning, calls)."""
+    pieces: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        pieces.append(content)
+    elif isinstance(content, list):
+        pieces += [p.get("text", "") for p in content if isinstance(p, dict)
+                   and isinstance(p.get("text"), str)]
+    reasoning = message_reasoning(message)
+    if reasoning:
+        pieces.append(reasoning)
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            pieces.append(fn["arguments"])
+    return sum(piece.count(s) for piece in pieces for s in stops)
 
 
 def _as_message(m: Message | AssistantMessage) -> Message:

@@ -26,8 +26,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Literal
 
-import orjson
-
+from .. import jsonexact
 from ..conversation import Tool
 
 DEFAULT_STYLE: Literal["python", "json"] = "python"
@@ -79,7 +78,7 @@ def kimi_k25_tool_declaration(tools: Sequence[Tool]) -> str:
     Cached on the tools' JSON: a run declares the same few tool lists again and again.
     """
     try:
-        key = orjson.dumps(list(tools))
+        key = jsonexact.dumps(list(tools))
     except TypeError:  # not plain JSON data (e.g. an int beyond 64 bits): skip the cache
         return _declaration(list(tools), DEFAULT_STYLE, FALLBACK_TO_JSON)
     return _cached_declaration(key, DEFAULT_STYLE, FALLBACK_TO_JSON)
@@ -87,7 +86,7 @@ def kimi_k25_tool_declaration(tools: Sequence[Tool]) -> str:
 
 @lru_cache(maxsize=256)
 def _cached_declaration(tools_key: bytes, style: str, fallback: bool) -> str:
-    return _declaration(orjson.loads(tools_key), style, fallback)
+    return _declaration(jsonexact.loads(tools_key), style, fallback)
 
 
 def _declaration(tools: list[Any], style: str, fallback: bool) -> str:

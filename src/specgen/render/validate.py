@@ -40,7 +40,7 @@ def _check_message(m: Any, where: str) -> None:
     if not isinstance(role, str) or not role:
         raise RenderError(f"{where}.role: expected a non-empty string, got {_kind(role)}")
     _check_content(m.get("content"), f"{where}.content")
-    for key in ("name", "reasoning_content", "reasoning", "tool_call_id"):
+    for key in ("name", "reasoning_content", "thinking", "reasoning", "tool_call_id"):
         if not isinstance(m.get(key), _TEXT_OR_NONE):
             raise RenderError(f"{where}.{key}: expected a string, got {_kind(m[key])}")
     calls = m.get("tool_calls")

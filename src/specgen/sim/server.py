@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, unquote
 
 import orjson
 
+from .. import jsonexact
 from ..render import get_renderer
 from ..render.base import RenderError
 from ..render.kimi import KimiRenderer
@@ -428,7 +429,7 @@ class Simulator:
             if denied:
                 return self._fail(ctx, 401, denied, "unauthorized")
         try:
-            body = orjson.loads(raw)
+            body = jsonexact.loads(raw)  # a server's JSON keeps integers beyond 64 bits
         except orjson.JSONDecodeError as exc:
             return self._fail(ctx, 400, error_body(
                 400, f"request body is not valid JSON: {exc}"), "bad_request")

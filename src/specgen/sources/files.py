@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import orjson
 
+from .. import jsonexact
 from .jsonstream import iter_json
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
@@ -138,7 +139,7 @@ def _read_jsonl(file: Path, start: int, _split: str | None) -> Generator[Record,
             if not raw.strip():
                 continue
             try:
-                value = orjson.loads(raw)
+                value = jsonexact.loads(raw)
             except orjson.JSONDecodeError as exc:
                 yield Record(lineno - 1, name, lineno, error=f"invalid JSON: {exc}")
                 continue

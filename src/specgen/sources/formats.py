@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..conversation import Message, Tool
+from ..conversation import REASONING_KEYS, Message, Tool
 from .arguments import ArgumentsError, parse_arguments
 from .glaive import glaive_conversation
 from .messages import (
@@ -104,7 +104,7 @@ def sharegpt_conversation(row: dict[str, Any]) -> tuple[list[Message], list[Tool
             messages.append({"role": "user", "content": text})
         elif speaker in ("gpt", "assistant", "chatgpt", "bard", "bing", "model", "bot"):
             msg: Message = {"role": "assistant", "content": text}
-            reasoning = turn.get("reasoning_content") or turn.get("reasoning")
+            reasoning = next((turn[k] for k in REASONING_KEYS if turn.get(k)), None)
             if isinstance(reasoning, str):
                 msg["reasoning_content"] = reasoning
             elif isinstance(text, str):

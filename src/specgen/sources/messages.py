@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..conversation import Message, Tool
+from ..conversation import REASONING_KEYS, Message, Tool
 from .arguments import ArgumentsError, canonical_arguments, parse_arguments
 
 THINK_OPEN = "<think>"
@@ -162,8 +162,7 @@ def clean_message(m: Any, what: str) -> Message:
                 raise FormatError(f"{what}.tool_calls[{j}]: missing function name")
             out.append(tool_call(fn["name"], fn.get("arguments", "{}"), str(c.get("id") or "")))
         msg["tool_calls"] = out
-    reasoning = next((m[k] for k in ("reasoning_content", "reasoning")
-                      if isinstance(m.get(k), str)), None)
+    reasoning = next((m[k] for k in REASONING_KEYS if isinstance(m.get(k), str)), None)
     if reasoning is None and isinstance(msg["content"], str):
         try:
             reasoning, msg["content"] = split_think(msg["content"])

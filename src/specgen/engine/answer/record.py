@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from ... import jsonexact
 from ...records import QuarantineRecord, ResultRecord
 from ...store import encode_tool_matches, pack_ids, pack_json
 from .attempt import Answer, AnswerContext
@@ -36,7 +37,7 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
         task=job.task_id, conversation=job.conv.id, dataset=job.ds.name, turn=job.turn,
         provider=resp.provider, model=resp.model, finish_reason=resp.finish_reason,
         native_finish_reason=resp.native_finish_reason, request=pack_json(request),
-        message=orjson.dumps(a.message.to_openai()).decode(),
+        message=jsonexact.dumps(a.message.to_openai()).decode(),
         input_ids=pack_ids(prompt_ids + array("I", a.completion)), n_prompt=len(prompt_ids),
         true_prompt_ids=_ids(resp.prompt_token_ids),
         true_completion_ids=_ids(resp.completion_token_ids),
