@@ -600,3 +600,30 @@ def test_an_independent_batch_server_with_other_paths(tmp_path):
         check_store(run_dir)
     finally:
         server.stop()
+
+
+def test_batch_calls_go_through_endpoint_proxy(tmp_path):
+    from proxy_server import ProxyServer
+
+    server = TinyBatchServer()
+    try:
+        with ProxyServer(user="u", password="p4ss") as proxy:
+            write_jsonl(tmp_path / "a.jsonl", prompt_rows(5))
+            path = write_config(tmp_path, server.url, [{"name": "a", "path": "a.jsonl"}],
+                                endpoint=BATCH + 'batch_files_path = "v2/uploads"\n'
+                                'batch_batches_path = "v2/jobs"\n'
+                                'batch_file_purpose = "batch-api"\nfetch_endpoints = false\n')
+            path.write_text(path.read_text().replace(
+                'api_key_env = "SPECGEN_TEST_KEY"\n', "").replace(
+                "fetch_endpoints = false\n", 'fetch_endpoints = false\napi_key_env = ""\n'))
+            run_dir = tmp_path / "run-dir"
+            out = run_cli(path, timeout=300, env={"HTTP_PROXY": proxy.url("u", "p4ss"),
+                                                  "NO_PROXY": ""})
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert server.submissions == 1
+            assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 5
+            assert proxy.forwarded >= 4  # upload, create, poll, download
+            assert any("/v2/jobs" in h for h in proxy.heads)
+            assert "p4ss" not in (run_dir / "specgen.log").read_text()
+    finally:
+        server.stop()

@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
+from ..proxy import ProxyChooser
 from .errors import Redactor, error_from_response, snippet
 from .types import ApiError
 
@@ -28,13 +30,15 @@ class BatchHttp:
                  api_key: str | None = None, headers: Mapping[str, str] | None = None,
                  connect_timeout: float = 10.0, timeout: float = 600.0,
                  files_path: str = "files", batches_path: str = "batches",
-                 purpose: str = "batch"):
+                 purpose: str = "batch", proxy: str | bool | None = None):
         self.base_url = base_url.rstrip("/")
         self.files, self.batches, self.purpose = files_path, batches_path, purpose
         if api_key is None and api_key_env:
             api_key = os.environ.get(api_key_env)
         api_key = (api_key or "").strip() or None
-        self._redact = Redactor(api_key)
+        # endpoint.proxy as for chat: None = the environment's, a URL, False = direct
+        self._proxies = ProxyChooser(proxy)
+        self._redact = Redactor(api_key, self._proxies.secrets)
         self._headers = dict(headers or {})
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -104,7 +108,7 @@ class BatchHttp:
         session = self._require()
         url = f"{self.base_url}/{self.files}/{file_id}/content"
         try:
-            async with session.get(url) as resp:
+            async with session.get(url, **self._via(url)) as resp:
                 if resp.status != 200:
                     raise self._redact.error(error_from_response(
                         resp.status, resp.headers, await resp.content.read(65536)))
@@ -122,6 +126,18 @@ class BatchHttp:
                 f"reading batch file {file_id}: {exc!r}")) from None
 
     # -- plumbing -------------------------------------------------------------------------
+    def _via(self, url: str) -> dict[str, Any]:
+        """aiohttp's arguments for the proxy `url` goes through (none: direct)."""
+        u = URL(url)
+        proxy = self._proxies.for_url(u.scheme, u.raw_host or "", u.port or 0)
+        if proxy is None:
+            return {}
+        out: dict[str, Any] = {"proxy": proxy.url}
+        if proxy.authorization:  # to the proxy only
+            auth = {"Proxy-Authorization": proxy.authorization}
+            out["proxy_headers" if u.scheme == "https" else "headers"] = auth
+        return out
+
     def _require(self) -> aiohttp.ClientSession:
         if self._session is None:
             raise RuntimeError("BatchHttp is not open: use 'async with BatchHttp(...)'")
@@ -130,10 +146,10 @@ class BatchHttp:
     async def _json(self, method: str, path: str, *, body: Any = None, data: Any = None) -> Any:
         session = self._require()
         url = f"{self.base_url}/{path}"
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = self._via(url)
         if body is not None:
             kwargs["data"] = orjson.dumps(body)
-            kwargs["headers"] = {"Content-Type": "application/json"}
+            kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
         elif data is not None:
             kwargs["data"] = data
         try:

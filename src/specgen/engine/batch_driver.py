@@ -514,7 +514,7 @@ async def attached(engine: Any, cfg: Any, *, base_url: str, store: Any, session_
     async with BatchHttp(base_url, api_key_env=ep.api_key_env, headers=headers,
                          connect_timeout=ep.connect_timeout, files_path=ep.batch_files_path,
                          batches_path=ep.batch_batches_path,
-                         purpose=ep.batch_file_purpose) as api:
+                         purpose=ep.batch_file_purpose, proxy=ep.proxy) as api:
         driver = BatchDriver(cfg, store.path, api, session_id=session_id, run_tag=tag,
                              live=live)
         await driver.start()
