@@ -66,7 +66,8 @@ class EndpointConfig:
     # "chat": /chat/completions with messages (the server renders the template);
     # "tokens": our renderer's prompt ids sent as a token prompt to a local engine (vLLM
     # /v1/completions, SGLang /generate), the sampled ids parsed back into the message.
-    mode: Literal["chat", "tokens"] = "chat"
+    # "batch": the same chat requests sent through the provider's Batch API (docs/batch.md).
+    mode: Literal["chat", "tokens", "batch"] = "chat"
     # Token-in API: "vllm" (/v1/completions), "sglang" (/generate); "auto" = vllm.
     token_api: Literal["auto", "vllm", "sglang"] = "auto"
     retry_base_delay: float = 1.0  # full-jitter exponential backoff: base and cap, seconds
@@ -91,6 +92,19 @@ class EndpointConfig:
     # "http://host:port": every URL through it (NO_PROXY still applies); false: always direct.
     # docs/client.md, "Proxies". Credentials belong in the environment, not here.
     proxy: str | bool | None = None
+    # mode = "batch" (docs/batch.md): the API, the lines and bytes per batch, the provider's
+    # completion window, what to do with lines a batch could not answer, how often to poll.
+    batch_api: Literal["openai", "openrouter"] = "openai"
+    batch_max_requests: int = 5000
+    batch_max_bytes: int = 100_000_000
+    completion_window: str = "24h"
+    batch_fallback: Literal["none", "live"] = "none"
+    batch_poll_interval: float = 30.0
+    batch_linger_s: float = 5.0  # wait this long for more requests before submitting
+    # where a provider differs from OpenAI: the paths under base_url, the upload's purpose
+    batch_files_path: str = "files"
+    batch_batches_path: str = "batches"
+    batch_file_purpose: str = "batch"
 
     @property
     def is_sim(self) -> bool:
@@ -141,6 +155,8 @@ class BudgetConfig:
     # On a 402 weight_exceeds_budget (the request's worst case does not fit the key's credit),
     # retry with a max_tokens that fits instead of ending the task.
     shrink_max_tokens: bool = False
+    # mode = "batch": the batch price as a share of the live price (None: 0.5).
+    batch_price_factor: float | None = None
 
 
 @dataclass
@@ -430,6 +446,10 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     )
     _validate_target(cfg, base, where)
     _validate_endpoint(cfg.endpoint, where)
+    if cfg.endpoint.mode == "batch":
+        from .batch_config import check_batch
+
+        check_batch(cfg, endpoint_raw, where)
     if cfg.target.chat_template_kwargs and openrouter_dialect(cfg.endpoint):
         raise ConfigError(f"{where}: target.chat_template_kwargs is sent only to vLLM/SGLang-"
                           "style servers (dialect openai); OpenRouter and the simulator take "

@@ -172,10 +172,12 @@ class Preview:
     max_cost_usd: float | None = None  # the run's dollar cap ([budget] max_cost_usd)
     # run-wide temperature / top_p of a silent dataset: {key: (value, where it comes from)}
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    live_prices: Any = None  # mode = "batch": the live prices (`prices` are the batch's)
 
-    def total_cost(self) -> float | None:
+    def total_cost(self, prices: Any = None) -> float | None:
         """Worst case over the datasets, before the run's dollar cap."""
-        costs = [d.worst_case_cost(self.prices) for d in self.datasets if d.error is None]
+        prices = prices or self.prices
+        costs = [d.worst_case_cost(prices) for d in self.datasets if d.error is None]
         return None if any(c is None for c in costs) else sum(costs)  # type: ignore[misc]
 
 
@@ -200,8 +202,15 @@ def preview(
         if p.stops:
             p.warnings.append(_stop_warning(p))
     prices, origin = known_prices(cfg, fetch=fetch_prices)
+    live = None
+    if cfg.endpoint.mode == "batch" and prices.known:
+        from .batch_config import price_factor
+        from .batch_shape import batch_prices
+
+        live, prices = prices, batch_prices(prices, cfg.budget)
+        origin = f"{origin}; batch price = {price_factor(cfg.budget):g} x live"
     return Preview(out, prices, request_dialect(cfg), origin, cfg.budget.max_cost_usd,
-                   sampling_defaults=run_defaults(cfg))
+                   sampling_defaults=run_defaults(cfg), live_prices=live)
 
 
 def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n: int,
@@ -338,6 +347,12 @@ def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Convers
     else:
         body = build_request(cfg, ds, req, settings=settings)
         url = ("http://sim" if base == "sim" else base.rstrip("/")) + "/chat/completions"
+    if ep.mode == "batch":  # one line of the uploaded file, exactly as it is sent
+        from .batch_config import fixed_sampling
+        from .batch_shape import line
+
+        body = line(f"{ds.name}:{conv.id}:{req.turn}", body, fixed_sampling(cfg))
+        url = url.removesuffix("/chat/completions") + "/files (a line of the batch's JSONL)"
     if base == "sim":
         url = "(the built-in simulator)" + url.removeprefix("http://sim")
     completion: list[int] = []

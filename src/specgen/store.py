@@ -103,6 +103,15 @@ END;
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, session INTEGER, kind TEXT NOT NULL,
   dataset TEXT, provider TEXT, detail TEXT);
+CREATE TABLE IF NOT EXISTS batches(
+  id TEXT PRIMARY KEY, session INTEGER, created_at REAL NOT NULL, state TEXT NOT NULL,
+  provider_id TEXT, input_file_id TEXT, output_file_id TEXT, error_file_id TEXT,
+  lines INTEGER NOT NULL, bytes INTEGER NOT NULL, completed INTEGER, failed INTEGER,
+  updated_at REAL, detail TEXT);
+CREATE TABLE IF NOT EXISTS batch_lines(
+  batch TEXT NOT NULL, custom_id TEXT NOT NULL, dataset TEXT NOT NULL, conv_id TEXT NOT NULL,
+  turn INTEGER NOT NULL, outcome TEXT, PRIMARY KEY(batch, custom_id));
+CREATE INDEX IF NOT EXISTS batch_lines_key ON batch_lines(dataset, conv_id, turn);
 """
 
 

@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
                                        "origin": result.price_origin}),
                "worst_case_cost_usd": clean_floats(result.total_cost()),
                "max_cost_usd": result.max_cost_usd,
+               **({"live_worst_case_cost_usd": clean_floats(result.total_cost(
+                   result.live_prices))} if result.live_prices is not None else {}),
                "sampling": {k: {"value": v, "from": w}
                              for k, (v, w) in result.sampling_defaults.items()},
                "datasets": datasets}
@@ -136,6 +138,8 @@ class Printer:
         if stop is not None:
             text += (f"; but the run stops with an error at the first invalid row of "
                      f"{stop.name} (skip_invalid = false), so it does not get that far")
+        if r.live_prices is not None and (live := r.total_cost(r.live_prices)) is not None:
+            text += f" at the batch price (live: ${live:,.2f})"
         c.print(self._b("worst case, all datasets: ") + text)
 
     # -- sections -------------------------------------------------------------------------

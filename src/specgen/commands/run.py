@@ -96,6 +96,10 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
 
     run_dir = os.path.normpath(status["run_dir"])
     print(f"  total cost ${status['cost_usd']:.4f}; store {run_dir}/state.sqlite")
+    if status.get("batches"):
+        from ..batch_queries import batch_summary_line
+
+        print(f"  {batch_summary_line(status['batches'])}")
     failures = status.get("failures") or {}
     if failures:
         print("  failed tasks by class (last error):")

@@ -90,6 +90,10 @@ def print_status(s: dict) -> None:
         lines = conversation_lines(d)
         if lines:
             console.print(f"  {name}: " + "; ".join(lines), markup=False, highlight=False)
+    if s.get("batches"):
+        from ..batch_queries import batch_summary_line
+
+        console.print(f"  {batch_summary_line(s['batches'])}", markup=False, highlight=False)
     for kind, f in (s.get("failures") or {}).items():
         console.print(f"  failed tasks: {kind} x{f['count']:,} "
                       f"(last: {(f['last_error'] or '')[:160]})")

@@ -73,6 +73,7 @@ def live_figures(engine) -> dict[str, Any]:
         "prices": engine.budget.prices.to_json(),
         "reserved_cost_usd": round(engine.budget.reserved_cost, 6),
         "progress": progress_json(engine),
+        **({"batches": engine.batch.figures()} if engine.batch is not None else {}),
     }
 
 

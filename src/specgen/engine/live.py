@@ -103,6 +103,8 @@ def progress_line(engine: Engine) -> str:
         parts.append("errors " + " ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())))
     if eta_text(s):
         parts.append(eta_text(s))
+    if engine.batch is not None:
+        parts.append(engine.batch.progress_text())
     if s["excluded"]:
         parts.append("excluded " + ",".join(s["excluded"]))
     if s["alarms"]:
@@ -180,6 +182,8 @@ class LiveView:
         for name, info in s["excluded"].items():
             parts.append(Text(f"excluded provider {name} ({info.get('by')}): "
                               f"{info.get('reason')}", style="yellow"))
+        if self.engine.batch is not None:
+            parts.append(Text(self.engine.batch.progress_text(), style="cyan"))
         for a in s["alarms"]:
             parts.append(Text(f"ALARM {a['alarm']} on {a['dataset']}: "
                               f"{100 * a['share']:.0f}% of {a['samples']} ({a['action']})",

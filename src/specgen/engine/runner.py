@@ -240,6 +240,10 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         log.info("network: %s", client.describe_proxies())
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
+            if cfg.endpoint.mode == "batch":
+                from ..batch_shape import batch_prices
+
+                prices = batch_prices(prices, cfg.budget)
             _resolve_local_defaults(cfg, policy)
             if cfg.target.chat_template_kwargs and _dialect_url(cfg, policy) == OPENROUTER_URL:
                 raise RunError("target.chat_template_kwargs is sent only to vLLM/SGLang-style "
@@ -267,7 +271,13 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                      session_id, ", ".join(f"{d.name} at row {d.rows_read}"
                                            for d in engine.datasets),
                      time.monotonic() - t0, engine.open_convs)
-            return await _run_engine(engine, cfg, live)
+            if cfg.endpoint.mode != "batch":
+                return await _run_engine(engine, cfg, live)
+            from .batch_driver import attached
+
+            async with attached(engine, cfg, base_url=(urls or cfg.endpoint.base_url)[0],
+                                store=store, session_id=session_id, live=client):
+                return await _run_engine(engine, cfg, live)
     except Unreachable as exc:
         _end_session(store, session_id, "stopped", str(exc))
         log.error("%s", exc)

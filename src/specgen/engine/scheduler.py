@@ -88,6 +88,7 @@ class Engine:
         self._assemble(ballast=ballast, dialect_url=dialect_url, drain_timeout=drain_timeout,
                        renderer_for=renderer_for or (lambda _thinking: renderer))
         self.final_state: str | None = None  # set when the session ends
+        self.batch = None  # mode = "batch": the batch driver answers jobs (engine.batch_driver)
         self._running = False  # dispatching (finished attempts top up the slots)
         self.started_at = time.time()
 
@@ -325,7 +326,9 @@ class Engine:
     async def _attempt(self, job: Job) -> None:
         started = time.time()
         try:
-            if self.tokens_mode:
+            if self.batch is not None:
+                resp = await self.batch.answer(job)
+            elif self.tokens_mode:
                 resp = await self.client.complete_tokens(job.body, self.token_api)
             else:
                 resp = await self.client.chat(job.body)

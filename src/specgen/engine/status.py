@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ..batch_queries import batch_figures
 from ..display import path as tidy
 from ..queries import (
     conversation_counts,
@@ -56,6 +57,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         checks = count_checks_by_provider(store)
         shapes = conversation_shapes(store)
         events = quality_events(store)
+        batches = batch_figures(store, orjson.loads(meta.get("config_json", "{}")))
     hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
     last = sessions[-1] if sessions else None
@@ -131,6 +133,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "excluded_providers": read_excluded(meta),
         "quality_events": events,
     }
+    if batches is not None:
+        out["batches"] = batches
     if last is not None:
         out["session"] = {
             "id": last["id"], "host": last["host"], "pid": pid,

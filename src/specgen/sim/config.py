@@ -236,6 +236,14 @@ class SimConfig:
     spend_limit_resets_at: str | None = None  # ISO-8601, echoed as metadata.resets_at
     wrong_model_slug: str = "meta-llama/llama-3-8b"  # the `model` of a wrong_model answer
     outages: list[OutageWindow] = field(default_factory=list)  # [[outages]]
+    # The Batch API (specgen.sim.batch): the least time a batch takes, the share of lines
+    # answered with an error line, the share left unanswered (the batch ends `expired`), and
+    # the batch price as a share of the live price.
+    batch_processing_s: float = 2.0
+    batch_line_fail_rate: float = 0.0
+    batch_expire_rate: float = 0.0
+    batch_price_factor: float = 0.5
+    batch_create_delay_s: float = 0.0  # the answer to POST /v1/batches comes this much later
     source: Path | None = None  # the file this came from
 
     # -- construction -------------------------------------------------------------------------
@@ -324,6 +332,13 @@ class SimConfig:
         if not isinstance(self.wrong_model_slug, str) or not self.wrong_model_slug:
             raise ConfigError(f"{where}: wrong_model_slug must be a non-empty model slug")
         self._validate_outages(where)
+        _rate(self.batch_line_fail_rate, "batch_line_fail_rate", where)
+        _rate(self.batch_expire_rate, "batch_expire_rate", where)
+        for key in ("batch_processing_s", "batch_create_delay_s"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"{where}: {key} must be >= 0")
+        if not 0 < self.batch_price_factor <= 1:
+            raise ConfigError(f"{where}: batch_price_factor must be > 0 and <= 1")
         tags: set[str] = set()
         for i, p in enumerate(self.providers):
             label = f"{where}: providers[{i}] ({p.name!r})"

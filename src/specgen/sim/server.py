@@ -30,6 +30,7 @@ from ..render.base import RenderError
 from ..render.kimi import KimiRenderer
 from ..render.serving import history_as_served, reserialized_history
 from ..tokenizer import Tokenizer, load_tokenizer
+from .batch import BatchApi
 from .budget import InFlightBudget, spend_limit_error
 from .chat_request import ChatParser, ChatRequest
 from .config import ProviderConfig, SimConfig
@@ -160,6 +161,7 @@ class Simulator:
                 prefix + "/key": ("GET", self.key),
                 prefix + "/generation": ("GET", self.generation),
             })
+        self.batch_api = BatchApi(self)  # /v1/files and /v1/batches (specgen.sim.batch)
         self.tokens = TokenEndpoints(self)  # token-in: vLLM /v1/completions, SGLang /generate
         self._routes.update(self.tokens.routes())
 
@@ -199,6 +201,8 @@ class Simulator:
         if target is None:
             if path.endswith("/endpoints") and path.startswith(("/api/v1/models/", "/v1/models/")):
                 target = ("GET", self.endpoints)
+            elif self.batch_api.handle(request):
+                return
             else:
                 _json(request, 404, error_body(404, f"Not Found: {path[:200]}"))
                 return
@@ -326,6 +330,7 @@ class Simulator:
         out["outages_started"] = self.outages_started
         out["uptime_s"] = time.time() - self.started_at
         out["seed"] = self.seed
+        out["batches"] = self.batch_api.stats()
         return out
 
     def get_stats(self, request: Request) -> None:

@@ -1,0 +1,175 @@
+"""The OpenAI-style Batch API over HTTP (docs/batch.md): upload a JSONL file, create a
+batch, read it, list batches, cancel, and stream a result file line by line.
+
+Every failure is an `ApiError` classified as for chat (`errors.error_from_response`); a
+connection that cannot be made is `unreachable`. The API key travels only in the
+Authorization header and is masked in every message.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from ..proxy import ProxyChooser
+from .errors import Redactor, error_from_response, snippet
+from .types import ApiError
+
+READ_CHUNK = 1 << 20
+
+
+class BatchHttp:
+    """`async with BatchHttp(base_url, ...) as api:` — one aiohttp session for the batch calls."""
+
+    def __init__(self, base_url: str, *, api_key_env: str | None = None,
+                 api_key: str | None = None, headers: Mapping[str, str] | None = None,
+                 connect_timeout: float = 10.0, timeout: float = 600.0,
+                 files_path: str = "files", batches_path: str = "batches",
+                 purpose: str = "batch", proxy: str | bool | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.files, self.batches, self.purpose = files_path, batches_path, purpose
+        if api_key is None and api_key_env:
+            api_key = os.environ.get(api_key_env)
+        api_key = (api_key or "").strip() or None
+        # endpoint.proxy as for chat: None = the environment's, a URL, False = direct
+        self._proxies = ProxyChooser(proxy)
+        self._redact = Redactor(api_key, self._proxies.secrets)
+        self._headers = dict(headers or {})
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._connect_timeout = connect_timeout
+        self._timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"BatchHttp({self.base_url!r})"
+
+    async def __aenter__(self) -> BatchHttp:
+        self._session = aiohttp.ClientSession(
+            headers=self._headers, cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
+                                          sock_read=self._timeout))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    # -- the calls ------------------------------------------------------------------------
+    async def upload(self, data: bytes, filename: str = "batch.jsonl") -> str:
+        """POST /files (purpose=batch by default): the file's id."""
+        form = aiohttp.FormData()
+        form.add_field("purpose", self.purpose)
+        form.add_field("file", data, filename=filename, content_type="application/jsonl")
+        obj = await self._json("POST", self.files, data=form)
+        fid = obj.get("id") if isinstance(obj, dict) else None
+        if not isinstance(fid, str):
+            raise ApiError("invalid_response", f"file upload answered no id: {snippet(str(obj))}")
+        return fid
+
+    async def create(self, input_file_id: str, completion_window: str,
+                     metadata: dict[str, str]) -> dict[str, Any]:
+        obj = await self._json("POST", self.batches, body={
+            "input_file_id": input_file_id, "endpoint": "/v1/chat/completions",
+            "completion_window": completion_window, "metadata": metadata})
+        return _batch(obj)
+
+    async def get(self, batch_id: str) -> dict[str, Any]:
+        return _batch(await self._json("GET", f"{self.batches}/{batch_id}"))
+
+    async def cancel(self, batch_id: str) -> dict[str, Any]:
+        return _batch(await self._json("POST", f"{self.batches}/{batch_id}/cancel", body={}))
+
+    async def list(self, *, pages: int = 50) -> AsyncIterator[dict[str, Any]]:
+        """The account's batches, newest first (at most `pages` pages of 100)."""
+        after = None
+        for _ in range(pages):
+            path = f"{self.batches}?limit=100" + (f"&after={after}" if after else "")
+            obj = await self._json("GET", path)
+            data = obj.get("data") if isinstance(obj, dict) else None
+            if not isinstance(data, list):
+                raise ApiError("invalid_response", "the batch list has no data")
+            for b in data:
+                if isinstance(b, dict):
+                    yield b
+            if not obj.get("has_more") or not data:
+                return
+            after = obj.get("last_id") or data[-1].get("id")
+
+    async def lines(self, file_id: str) -> AsyncIterator[bytes]:
+        """The lines of a file's content, read in chunks (a result file can be hundreds of
+        MB: never held whole)."""
+        session = self._require()
+        url = f"{self.base_url}/{self.files}/{file_id}/content"
+        try:
+            async with session.get(url, **self._via(url)) as resp:
+                if resp.status != 200:
+                    raise self._redact.error(error_from_response(
+                        resp.status, resp.headers, await resp.content.read(65536)))
+                rest = b""
+                async for chunk in resp.content.iter_chunked(READ_CHUNK):
+                    parts = (rest + chunk).split(b"\n")
+                    rest = parts.pop()
+                    for line in parts:
+                        if line.strip():
+                            yield line
+                if rest.strip():
+                    yield rest
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise ApiError("connection", self._redact.text(
+                f"reading batch file {file_id}: {exc!r}")) from None
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _via(self, url: str) -> dict[str, Any]:
+        """aiohttp's arguments for the proxy `url` goes through (none: direct)."""
+        u = URL(url)
+        proxy = self._proxies.for_url(u.scheme, u.raw_host or "", u.port or 0)
+        if proxy is None:
+            return {}
+        out: dict[str, Any] = {"proxy": proxy.url}
+        if proxy.authorization:  # to the proxy only
+            auth = {"Proxy-Authorization": proxy.authorization}
+            out["proxy_headers" if u.scheme == "https" else "headers"] = auth
+        return out
+
+    def _require(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("BatchHttp is not open: use 'async with BatchHttp(...)'")
+        return self._session
+
+    async def _json(self, method: str, path: str, *, body: Any = None, data: Any = None) -> Any:
+        session = self._require()
+        url = f"{self.base_url}/{path}"
+        kwargs: dict[str, Any] = self._via(url)
+        if body is not None:
+            kwargs["data"] = orjson.dumps(body)
+            kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
+        elif data is not None:
+            kwargs["data"] = data
+        try:
+            async with session.request(method, url, **kwargs) as resp:
+                raw = await resp.read()
+                if resp.status >= 300:
+                    raise self._redact.error(error_from_response(resp.status, resp.headers, raw))
+        except aiohttp.ClientConnectionError as exc:
+            kind = "unreachable" if isinstance(exc, aiohttp.ClientConnectorError) else "connection"
+            raise ApiError(kind, self._redact.text(f"{method} {path}: {exc!r}")) from None
+        except (TimeoutError, OSError) as exc:
+            raise ApiError("timeout", self._redact.text(f"{method} {path}: {exc!r}")) from None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise ApiError("invalid_response",
+                           f"{method} {path}: not JSON: {snippet(raw, 120)}") from None
+
+
+def _batch(obj: Any) -> dict[str, Any]:
+    if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
+        raise ApiError("invalid_response", f"not a batch object: {snippet(str(obj), 200)}")
+    return obj
