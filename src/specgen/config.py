@@ -204,6 +204,9 @@ class QualityConfig:
     min_count_agreement: float = 0.9
     max_quarantine_rate: float = 0.2
     max_mismatch_rate: float = 0.2
+    # exit 0 means samples: a run that kept less than this share of its answered tasks ends
+    # `unproductive` (exit 6, specgen.judgement)
+    min_kept_share: float = 0.5
     # Alarms per dataset (docs/quality.md, "Alarms"): what happens when one fires, and each
     # alarm's threshold / min_samples / false (quality.alarms.ALARMS holds the defaults).
     on_alarm: Literal["stop", "pause_dataset", "warn"] = "stop"
@@ -468,7 +471,7 @@ def _validate_quality(q: QualityConfig, where: str) -> None:
     from .quality.alarms import alarm_rules
 
     for key in ("min_schema_accuracy", "min_count_agreement", "max_quarantine_rate",
-                "max_mismatch_rate"):
+                "max_mismatch_rate", "min_kept_share"):
         value = getattr(q, key)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{where}: quality.{key} must be a share in [0, 1], got {value}")

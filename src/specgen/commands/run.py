@@ -106,6 +106,9 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
         print(f"  to send them again with a fresh attempt budget: {cmd}")
     if state == "stopped":
         print("  rerun the same command to resume")
+    elif state == "unproductive":
+        print("  change what the reason names, then rerun (`--force-new` when the change "
+              "alters results: docs/engine.md, \"Exit codes\")")
     elif state == "failed":
         print("  fix the cause above, then rerun the same command to resume")
 

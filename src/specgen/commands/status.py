@@ -44,7 +44,7 @@ def print_status(s: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
     head = f"[bold]{s['run_dir']}[/bold]  state [cyan]{s['state']}[/cyan]"
     if s["pid"]:
         head += f"  pid {s['pid']}"
@@ -70,6 +70,9 @@ def print_status(s: dict) -> None:
                       "in memory[/red]")
     if s["stop_reason"]:
         console.print(f"  {escape(s['stop_reason'])}")
+    verdict = (s.get("judgement") or {}).get("verdict")
+    if verdict and verdict not in (s["stop_reason"] or ""):
+        console.print(f"  [red]{escape(verdict)}[/red]", highlight=False)
     t = Table(box=None, header_style="bold")
     plans = progress.get("datasets") or {}
     for col in ("dataset", "state", "tasks done", "failed", "quar.", "pending", "attempts",

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from ..display import path as tidy
+from ..judgement import invalid_row_lines, judge
 from ..queries import (
     conversation_counts,
     conversation_shapes,
@@ -56,6 +57,9 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         checks = count_checks_by_provider(store)
         shapes = conversation_shapes(store)
         events = quality_events(store)
+        judgement = judge(store)
+        invalid_first = {name: invalid_row_lines(store, [name]) for name, row in table.items()
+                         if row.get("rows_invalid")}
     hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
     last = sessions[-1] if sessions else None
@@ -96,6 +100,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             "attempts": int(s.get("attempts", 0)),
             "state": dataset_state(row.get("state", "active"), done, failed, pending),
             "rows_read": row.get("rows_read", 0), "rows_invalid": row.get("rows_invalid", 0),
+            "invalid_reasons": invalid_first.get(name, []),
             "rows_duplicate": row.get("rows_duplicate", 0),
             "rows_other_shard": row.get("rows_other_shard", 0),
             "exhausted": bool(row.get("exhausted", 0)),
@@ -130,6 +135,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "failures": failures,
         "excluded_providers": read_excluded(meta),
         "quality_events": events,
+        "judgement": judgement.as_json(),  # the run's yield (specgen.judgement)
     }
     if last is not None:
         out["session"] = {
@@ -184,6 +190,10 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     if d.get("tool_matches"):
         lines.append("samples reusing tool results, by weakest match: "
                      + ", ".join(f"{k} {v}" for k, v in d["tool_matches"].items()))
+    if d.get("rows_invalid"):
+        first = "; ".join(r.split(" ", 1)[-1] for r in d.get("invalid_reasons") or [])
+        lines.append(f"invalid source rows {d['rows_invalid']:,}"
+                     + (f" (first: {first})" if first else ""))
     reasons = d.get("quarantine_reasons") or {}
     for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         figures = (d.get("quarantine_details") or {}).get(reason)

@@ -1,0 +1,127 @@
+"""Exit 0 means samples (issue 24): `specgen run` as a real process against the built-in
+simulator; a run that kept no sample, or less than `[quality] min_kept_share` of its answered
+tasks, ends `unproductive` (exit 6) naming the cause and the fix, over the whole run (a rerun
+without a change stays unproductive), and status / export / verify say so too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from test_engine_support import ENV, SPECGEN, write_jsonl
+
+
+def sharegpt_rows(n: int) -> list[dict]:
+    return [{"id": f"s{i}", "conversations": [
+        {"from": "human", "value": f"Question {i}: explain item {i} briefly."},
+        {"from": "gpt", "value": "Sure."}]} for i in range(n)]
+
+
+def plain_rows(n: int) -> list[dict]:
+    return [{"id": f"p{i}", "messages": [
+        {"role": "user", "content": f"Question {i}: explain item {i} in a paragraph."}]}
+        for i in range(n)]
+
+
+def config(tmp, body: str, name: str = "run") -> str:
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""run_dir = "{name}-dir"
+[target]
+model = "moonshotai/kimi-k2.5"
+tokenizer = "demo"
+[endpoint]
+base_url = "sim"
+[engine]
+commit_interval = 0.05
+{body}""")
+    return str(path)
+
+
+def cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPECGEN, *args], capture_output=True, text=True, timeout=180,
+                          cwd=cwd, env=ENV)
+
+
+def test_every_row_invalid_is_unproductive_and_names_the_format(tmp_path):
+    write_jsonl(tmp_path / "sg.jsonl", sharegpt_rows(30))
+    cfg = config(tmp_path, """[[dataset]]
+name = "sg"
+path = "sg.jsonl"
+format = "openai"
+skip_invalid = true
+""")
+    for _ in range(2):  # a rerun without a change does not turn it into "finished"
+        out = cli("run", cfg, "--no-live", cwd=tmp_path)
+        assert out.returncode == 6, out.stdout + out.stderr
+        first = out.stdout.splitlines()[0]
+        assert first.startswith("run unproductive: no sample: all 30 source row(s)"), first
+        assert "format = 'openai'" in first and "specgen preview" in first
+        assert "invalid source rows 30 (first: line 1:" in out.stdout
+        assert "Traceback" not in out.stderr
+    st = cli("status", "run-dir", cwd=tmp_path)
+    assert st.returncode == 0
+    assert "state unproductive" in st.stdout and "invalid source rows 30" in st.stdout
+    js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)
+    assert js["judgement"]["invalid_rows"] == 30 and js["judgement"]["kept"] == 0
+    assert js["datasets"]["sg"]["invalid_reasons"][0].startswith("sg line 1: ")
+
+
+def test_all_answers_cut_stays_unproductive_across_reruns(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", plain_rows(24))
+    cfg = config(tmp_path, """[sampling]
+max_tokens = 5
+[[dataset]]
+name = "p"
+path = "p.jsonl"
+""")
+    out = cli("run", cfg, "--no-live", cwd=tmp_path)
+    assert out.returncode in (5, 6), out.stdout + out.stderr  # the length alarm, or the yield
+    for _ in range(2):
+        out = cli("run", cfg, "--no-live", cwd=tmp_path)
+        assert out.returncode == 6, out.stdout + out.stderr
+        first = out.stdout.splitlines()[0]
+        assert "run finished" not in out.stdout
+        assert first.startswith("run unproductive: no sample kept of 24 answered task(s)"), first
+        assert "largest quarantine reason length x24" in first
+        assert "max_tokens" in first and "on_length" in first
+
+
+def test_a_kept_share_below_the_minimum_is_unproductive(tmp_path):
+    # two datasets of 10 answers cut at max_tokens: one keeps them (on_length = "keep"), one
+    # drops them; half the answered tasks are kept
+    write_jsonl(tmp_path / "a.jsonl", plain_rows(10))
+    write_jsonl(tmp_path / "b.jsonl", plain_rows(10))
+    body = """[sampling]
+max_tokens = 5
+[quality]
+alarms = false
+min_kept_share = {share}
+[[dataset]]
+name = "a"
+path = "a.jsonl"
+on_length = "keep"
+[[dataset]]
+name = "b"
+path = "b.jsonl"
+"""
+    half = cli("run", config(tmp_path, body.format(share=0.5), name="half"), "--no-live",
+               cwd=tmp_path)
+    assert half.returncode == 0 and half.stdout.startswith("run finished"), half.stdout
+    most = cli("run", config(tmp_path, body.format(share=0.9), name="most"), "--no-live",
+               cwd=tmp_path)
+    assert most.returncode == 6, most.stdout + most.stderr
+    assert most.stdout.startswith("run unproductive: only 10 of 20 answered task(s) kept "
+                                  "(50% < [quality] min_kept_share 0.9)"), most.stdout
+
+
+def test_min_kept_share_is_validated(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", plain_rows(2))
+    cfg = config(tmp_path, """[quality]
+min_kept_share = 1.5
+[[dataset]]
+name = "p"
+path = "p.jsonl"
+""")
+    out = cli("run", cfg, "--no-live", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "quality.min_kept_share must be a share in [0, 1], got 1.5" in out.stderr
