@@ -23,7 +23,7 @@ def plain_rows(n: int) -> list[dict]:
         for i in range(n)]
 
 
-def config(tmp, body: str, name: str = "run") -> str:
+def config(tmp, body: str, name: str = "run", endpoint: str = "") -> str:
     path = tmp / f"{name}.toml"
     path.write_text(f"""run_dir = "{name}-dir"
 [target]
@@ -31,6 +31,7 @@ model = "moonshotai/kimi-k2.5"
 tokenizer = "demo"
 [endpoint]
 base_url = "sim"
+{endpoint}
 [engine]
 commit_interval = 0.05
 {body}""")
@@ -125,3 +126,39 @@ path = "p.jsonl"
     out = cli("run", cfg, "--no-live", cwd=tmp_path)
     assert out.returncode == 2
     assert "quality.min_kept_share must be a share in [0, 1], got 1.5" in out.stderr
+
+
+def test_export_and_verify_of_a_run_without_samples_say_so(tmp_path):
+    write_jsonl(tmp_path / "sg.jsonl", sharegpt_rows(5))
+    cfg = config(tmp_path, """[[dataset]]
+name = "sg"
+path = "sg.jsonl"
+format = "openai"
+skip_invalid = true
+""")
+    assert cli("run", cfg, "--no-live", cwd=tmp_path).returncode == 6
+    for fmt in ("tokens", "specforge"):
+        out = cli("export", "run-dir", "--format", fmt, cwd=tmp_path)
+        assert out.returncode == 6, out.stdout + out.stderr
+        assert "wrote 0 rows" in out.stdout
+        assert ("specgen export: nothing exported — no sample: all 5 source row(s) read were "
+                "invalid") in out.stderr
+    out = cli("verify", "run-dir", cwd=tmp_path)
+    assert out.returncode == 6, out.stdout + out.stderr
+    assert "nothing verified: no sample — no sample: all 5 source row(s)" in out.stdout
+    assert out.stdout.rstrip().endswith("NO SAMPLES")
+
+
+def test_a_text_export_does_not_claim_the_backends_ids(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", plain_rows(4))
+    cfg = config(tmp_path, """[[dataset]]
+name = "p"
+path = "p.jsonl"
+""", endpoint="return_token_ids = true")
+    assert cli("run", cfg, "--no-live", cwd=tmp_path).returncode == 0
+    tokens = cli("export", "run-dir", "--format", "tokens", cwd=tmp_path)
+    assert tokens.returncode == 0 and "4 of them as the backend's own ids" in tokens.stdout
+    text = cli("export", "run-dir", "--format", "specforge", cwd=tmp_path)
+    assert text.returncode == 0
+    assert "backend's own ids (true ids)" not in text.stdout
+    assert "the specforge format carries text" in text.stdout
