@@ -58,7 +58,12 @@ skip_invalid = true
         assert first.startswith("run unproductive: no sample: all 30 source row(s)"), first
         assert "format = 'openai'" in first and "specgen preview" in first
         assert "invalid source rows 30 (first: line 1:" in out.stdout
+        assert ('found fields id, conversations[].from/value: set format = "sharegpt"'
+                in first)
         assert "Traceback" not in out.stderr
+    pv = cli("preview", cfg, cwd=tmp_path)
+    assert pv.returncode == 0, pv.stderr
+    assert 'conversations[].from/value: set format = "sharegpt" or "auto"' in pv.stdout
     st = cli("status", "run-dir", cwd=tmp_path)
     assert st.returncode == 0
     assert "state unproductive" in st.stdout and "invalid source rows 30" in st.stdout
