@@ -67,6 +67,12 @@ skip_invalid = true
     st = cli("status", "run-dir", cwd=tmp_path)
     assert st.returncode == 0
     assert "state unproductive" in st.stdout and "invalid source rows 30" in st.stdout
+    rep = cli("report", "run-dir", "--text", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    head = rep.stdout.split("Run:", 1)[0]  # the outcome comes first, before any figure
+    assert "(outcome: unproductive — no sample: all 30 source row(s)" in head
+    assert "invalid source rows                    30 (first: sg line 1:" in rep.stdout
+    assert "True" not in rep.stdout and "False" not in rep.stdout
     js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)
     assert js["judgement"]["invalid_rows"] == 30 and js["judgement"]["kept"] == 0
     assert js["datasets"]["sg"]["invalid_reasons"][0].startswith("sg line 1: ")
