@@ -87,9 +87,9 @@ name = "p"
 path = "p.jsonl"
 """)
     out = cli("run", cfg, "--no-live", cwd=tmp_path)
-    assert out.returncode in (5, 6), out.stdout + out.stderr  # the length alarm, or the yield
-    for _ in range(2):
-        out = cli("run", cfg, "--no-live", cwd=tmp_path)
+    assert out.returncode == 5, out.stdout + out.stderr  # the length alarm
+    for args in (("--ack-alarm", "length"), ()):  # acknowledged once, it stays so
+        out = cli("run", cfg, "--no-live", *args, cwd=tmp_path)
         assert out.returncode == 6, out.stdout + out.stderr
         first = out.stdout.splitlines()[0]
         assert "run finished" not in out.stdout
@@ -173,3 +173,75 @@ path = "p.jsonl"
     assert text.returncode == 0
     assert "backend's own ids (true ids)" not in text.stdout
     assert "the specforge format carries text" in text.stdout
+
+
+LENGTH_RUN = """[sampling]
+max_tokens = 5
+[quality]
+on_alarm = "{on_alarm}"
+[[dataset]]
+name = "p"
+path = "p.jsonl"
+limit = {limit}
+"""
+
+
+def test_alarms_count_over_the_run_not_the_session(tmp_path):
+    # two short sessions of 10 answers each: neither reaches the length alarm's 20 answers
+    # alone; over the run the second one does
+    write_jsonl(tmp_path / "p.jsonl", plain_rows(40))
+    first = cli("run", config(tmp_path, LENGTH_RUN.format(on_alarm="stop", limit=10)),
+                "--no-live", cwd=tmp_path)
+    assert first.returncode == 6, first.stdout + first.stderr  # no sample, but no alarm yet
+    assert "alarm length" not in first.stdout
+    second = cli("run", config(tmp_path, LENGTH_RUN.format(on_alarm="stop", limit=20)),
+                 "--no-live", cwd=tmp_path)
+    assert second.returncode == 5, second.stdout + second.stderr
+    head = second.stdout.splitlines()[0]
+    assert "run stopped: alarm length on dataset 'p': 100% of the last 20 answers" in head
+    assert "to fix: raise `max_tokens`" in head and "--ack-alarm length" in head
+    assert "restored" in second.stderr  # the first session's answers counted
+
+    # the alarm stands: a plain rerun stops again at once, and status shows it
+    again = cli("run", config(tmp_path, LENGTH_RUN.format(on_alarm="stop", limit=20)),
+                "--no-live", cwd=tmp_path)
+    assert again.returncode == 5, again.stdout + again.stderr
+    assert "standing since session 2" in again.stdout
+    assert "a plain rerun stops again" in again.stdout
+    st = cli("status", "run-dir", cwd=tmp_path).stdout
+    assert "standing alarm length on dataset p (since session 2): to fix: raise" in st
+    js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)
+    assert [(a["alarm"], a["standing"]) for a in js["alarms"]] == [("length", True)]
+
+    # acknowledged: the run goes on, and ends on its yield (no sample: exit 6)
+    acked = cli("run", config(tmp_path, LENGTH_RUN.format(on_alarm="stop", limit=20)),
+                "--no-live", "--ack-alarm", "length", cwd=tmp_path)
+    assert acked.returncode == 6, acked.stdout + acked.stderr
+    assert "acknowledged" in acked.stderr
+    js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)
+    assert js["alarms"] == []
+    assert "standing alarm" not in cli("status", "run-dir", cwd=tmp_path).stdout
+
+
+def test_a_config_change_clears_a_standing_alarm(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", plain_rows(40))
+    out = cli("run", config(tmp_path, LENGTH_RUN.format(on_alarm="stop", limit=30)),
+              "--no-live", cwd=tmp_path)
+    assert out.returncode == 5 and "alarm length" in out.stdout, out.stdout + out.stderr
+    js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)
+    assert [a["standing"] for a in js["alarms"]] == [True]
+    changed = cli("run", config(tmp_path, LENGTH_RUN.format(on_alarm="warn", limit=30)),
+                  "--no-live", cwd=tmp_path)
+    assert "alarm length on dataset 'p' cleared" in changed.stderr, changed.stderr
+    assert changed.returncode == 6, changed.stdout + changed.stderr
+    assert "standing" not in changed.stdout
+    js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)
+    assert all(not a["standing"] or a["session"] == 2 for a in js["alarms"])
+
+
+def test_an_unknown_ack_alarm_is_refused(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", plain_rows(2))
+    out = cli("run", config(tmp_path, LENGTH_RUN.format(on_alarm="stop", limit=2)),
+              "--no-live", "--ack-alarm", "lenght", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "--ack-alarm lenght: no such alarm (known: raw_markers" in out.stderr

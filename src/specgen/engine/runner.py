@@ -70,6 +70,7 @@ class RunOptions:
     force_new: bool = False
     drain_timeout: float | None = None
     retry_failed: bool = False
+    ack_alarms: tuple[str, ...] = ()  # --ack-alarm NAME: standing alarms acknowledged
     live: bool | None = None  # None: a live view when stderr is a terminal
     argv: list[str] = field(default_factory=list)
     stages: Stages | None = None  # tests may pass their own; default: the real stages
@@ -261,7 +262,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                                               else opts.threaded_commits),
                             ballast=ballast)
             t0 = time.monotonic()
-            engine.load(retry_failed=opts.retry_failed)
+            engine.load(retry_failed=opts.retry_failed, ack_alarms=opts.ack_alarms)
             log.info("session %d started: %s; resumed state in %.2fs (%d open conversations)",
                      session_id, ", ".join(f"{d.name} at row {d.rows_read}"
                                            for d in engine.datasets),

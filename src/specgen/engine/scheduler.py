@@ -155,9 +155,9 @@ class Engine:
     def wake(self) -> None:
         self._wake.set()
 
-    def load(self, *, retry_failed: bool = False) -> None:
+    def load(self, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()) -> None:
         """Rebuild the in-memory state from the store (`loading`)."""
-        loading.load(self, retry_failed=retry_failed)
+        loading.load(self, retry_failed=retry_failed, ack_alarms=ack_alarms)
 
     def progress(self) -> dict[str, Any]:
         return figures.progress(self)
@@ -475,6 +475,7 @@ class Engine:
         self.final_state = outcome.state
         self.events.add("session_end", None, None, f"{outcome.state}: {outcome.stop_reason}")
         self.book.stage_datasets(self.datasets)
+        self.steering.save_alarms()  # the alarm windows run across sessions (quality.memory)
         self.writer.batch.session = (time.time(), outcome.state, outcome.stop_reason,
                                      time.time(), self.session_id)
         if not self.writer.flush():

@@ -16,6 +16,7 @@ import orjson
 
 from ..display import path as tidy
 from ..judgement import invalid_row_lines, judge
+from ..quality.memory import META_FIRED, cause_of, read_fired, standing
 from ..queries import (
     conversation_counts,
     conversation_shapes,
@@ -136,6 +137,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "excluded_providers": read_excluded(meta),
         "quality_events": events,
         "judgement": judgement.as_json(),  # the run's yield (specgen.judgement)
+        "alarms": _alarms(meta, cfg),
     }
     if last is not None:
         out["session"] = {
@@ -156,6 +158,17 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         out["count_witness"] = live.get("count_witness")
         out["quality"] = live.get("quality")
     return out
+
+
+def _alarms(meta: dict[str, str], cfg: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Fired alarms not acknowledged (quality.memory), each with `standing`: true while
+    nothing it depends on changed since (a changed exclusion clears it; a changed config
+    clears it when the run starts with it)."""
+    if META_FIRED not in meta:
+        return None  # a store from before alarms were remembered: its events tell
+    now = cause_of(cfg, list(read_excluded(meta)))
+    return [{**a, "standing": a.get("cause") == now}
+            for a in standing(read_fired(meta.get(META_FIRED)))]
 
 
 def dataset_state(state: str, done: int, failed: int, pending: int) -> str:
