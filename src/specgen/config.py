@@ -402,7 +402,8 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     unknown = set(raw) - TOP_LEVEL_KEYS
     if unknown:
         raise ConfigError(
-            f"{where}: unknown top-level key(s): {', '.join(sorted(unknown))} "
+            f"{where}: unknown top-level key(s): {', '.join(sorted(unknown))}"
+            f"{did_you_mean(unknown, TOP_LEVEL_KEYS | {'dataset'})} "
             f"(known: {', '.join(sorted(TOP_LEVEL_KEYS | {'dataset'}))})"
         )
     cfg = RunConfig(
@@ -445,6 +446,10 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         ds.path = _resolve(base, ds.path)
         if not ds.path.exists():
             raise ConfigError(f"{label}: path {str(ds.path)!r} does not exist")
+        from .sources.files import check_readable
+
+        if (unreadable := check_readable(ds.path)) is not None:
+            raise ConfigError(f"{label}: path {unreadable}")
         if ds.format != "auto":
             from .sources.formats import FORMATS
 
@@ -831,6 +836,16 @@ def _check_provider(provider: Any, where: str) -> None:
         raise ConfigError(f"{where}: {problem}")
 
 
+def did_you_mean(unknown, known) -> str:
+    """" (did you mean `concurrency`?)" for mistyped keys close to a known one, else ""."""
+    import difflib
+
+    guesses = [f"`{m[0]}` for {k}" if len(unknown) > 1 else f"`{m[0]}`"
+               for k in sorted(unknown)
+               if (m := difflib.get_close_matches(k, list(known), n=1, cutoff=0.7))]
+    return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+
+
 def build_table(cls: type, raw: Any, name: str, where: str):
     """Instantiate dataclass `cls` from a TOML table, checking keys and types."""
     raw = _table(raw, name, where)
@@ -839,8 +854,8 @@ def build_table(cls: type, raw: Any, name: str, where: str):
     unknown = set(raw) - set(fields)
     if unknown:
         raise ConfigError(
-            f"{where}: unknown key(s) in [{name}]: {', '.join(sorted(unknown))} "
-            f"(known: {', '.join(sorted(fields))})"
+            f"{where}: unknown key(s) in [{name}]: {', '.join(sorted(unknown))}"
+            f"{did_you_mean(unknown, fields)} (known: {', '.join(sorted(fields))})"
         )
     kwargs = {}
     for key, f in fields.items():

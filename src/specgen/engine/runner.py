@@ -118,6 +118,11 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
         event_loop.loop_factory(cfg.engine.event_loop)
     except (ValueError, event_loop.LoopUnavailable) as exc:
         raise RunError(str(exc)) from None
+    key_env = cfg.endpoint.api_key_env  # before anything is written: a refusal leaves nothing
+    if (not cfg.endpoint.is_sim and key_env and not os.environ.get(key_env)
+            and not all(_is_local(u) for u in cfg.endpoint.base_url)):
+        raise RunError(f"the API key is not set: export {key_env}=... (endpoint.api_key_env "
+                       "names the variable; the key is never written anywhere)")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -143,15 +148,9 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
 
 
 def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
+    from ..config import empty_datasets
     from ..render import target_renderer
     from ..tokenizer import load_tokenizer
-
-    key_env = cfg.endpoint.api_key_env
-    if (not cfg.endpoint.is_sim and key_env and not os.environ.get(key_env)
-            and not all(_is_local(u) for u in cfg.endpoint.base_url)):
-        raise RunError(f"the API key is not set: export {key_env}=... (endpoint.api_key_env "
-                       "names the variable; the key is never written anywhere)")
-    from ..config import empty_datasets
 
     for ds in empty_datasets(cfg):
         log.warning("dataset %r: %s has no rows; nothing will be sent for it", ds.name, ds.path)

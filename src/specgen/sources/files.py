@@ -79,7 +79,10 @@ def iter_records(path: Path, start: int = 0, split: str | None = None) -> Iterat
     """Raw records of `path` from row index `start` on (earlier rows skipped cheaply)."""
     offset = 0
     for file in data_files(path, split):
-        reader = _READERS[_kind(file)](file, max(0, start - offset), split if path.is_file() else None)
+        kind = _kind(file)
+        if kind is None:
+            raise SourceError(unsupported_file(file))
+        reader = _READERS[kind](file, max(0, start - offset), split if path.is_file() else None)
         n_rows = yield from _shifted(reader, offset)
         offset += n_rows
 
@@ -255,6 +258,22 @@ def _arrow_batches(file: Path):
 
 _READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet,
             "arrow": _read_arrow}
+
+
+def unsupported_file(file: Path) -> str:
+    """Why a data file is not read: its kind, and the kinds that are."""
+    ext = "".join(file.suffixes[-2:]).lower() or "(no extension)"
+    return (f"{file}: {ext} is not a dataset file specgen reads (it reads .jsonl/.ndjson, "
+            ".json, either optionally .gz, .parquet, .arrow, or a directory of them; a CSV "
+            "holds no conversation structure: convert it to JSONL rows with a `messages` "
+            "list or a `prompt` column, docs/datasets.md)")
+
+
+def check_readable(path: Path) -> str | None:
+    """None when `path` is a data file or directory specgen reads, else the reason."""
+    if path.is_file() and _kind(path) is None:
+        return unsupported_file(path)
+    return None
 
 
 # -- helpers -------------------------------------------------------------------------------
