@@ -86,3 +86,24 @@ def test_preview_of_an_unknown_dataset_names_it(tmp_path):
     assert out.stderr.startswith("specgen preview: no dataset named 'nope'"), out.stderr
     assert "None" not in out.stderr
     json.dumps(out.stderr)  # plain text
+
+
+def test_an_invalid_json_line_is_named_by_its_file_line(tmp_path):
+    good = [json.dumps(r) for r in rows(3)]
+    (tmp_path / "d.jsonl").write_text("\n".join(
+        [*good, '{"messages": [{"role": "user", "content": "x"},]}']) + "\n")
+    out = cli("run", config(tmp_path, 'path = "d.jsonl"'), "--no-live", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    first = out.stdout.splitlines()[0]
+    assert "d.jsonl:4 (row 3): invalid JSON at line 4, column 47: trailing comma" in first
+    assert "line 1 column" not in first
+
+
+def test_a_source_error_does_not_repeat_its_prefix(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "x.json").write_text("[1, 2]\n")
+    out = cli("run", config(tmp_path, 'path = "dir"'), "--no-live", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("run failed: dataset 'd': cannot read "), first
+    assert first.count("dataset 'd'") == 1 and first.count("dir") == 1, first

@@ -143,7 +143,7 @@ def _read_jsonl(file: Path, start: int, _split: str | None) -> Generator[Record,
             try:
                 value = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                yield Record(lineno - 1, name, lineno, error=f"invalid JSON: {exc}")
+                yield Record(lineno - 1, name, lineno, error=_json_error(exc, lineno))
                 continue
             yield Record(lineno - 1, name, lineno, value=value)
     return lineno
@@ -258,6 +258,25 @@ def _arrow_batches(file: Path):
 
 _READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet,
             "arrow": _read_arrow}
+
+
+def _json_error(exc: ValueError, lineno: int) -> str:
+    """An invalid JSONL line's reason: where in the file line, not "line 1" of the row."""
+    msg, col = getattr(exc, "msg", None), getattr(exc, "colno", None)
+    if msg is None or col is None:
+        return f"invalid JSON: {exc}"
+    return f"invalid JSON at line {lineno}, column {col}: {msg}"
+
+
+def cannot_read(path: Path | str, exc: BaseException, dataset: str | None = None) -> str:
+    """"cannot read PATH: why", without PATH (or the dataset) twice when the reason already
+    starts with it (a SourceError names its file or dataset)."""
+    why = str(exc) or type(exc).__name__
+    for prefix in (f"dataset {dataset!r} ({path}): ", f"{path}: ", f"{Path(path).name}: "):
+        if why.startswith(prefix):
+            why = why[len(prefix):]
+            break
+    return f"cannot read {path}: {why}"
 
 
 def unsupported_file(file: Path) -> str:
