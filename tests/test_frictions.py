@@ -107,3 +107,27 @@ def test_a_source_error_does_not_repeat_its_prefix(tmp_path):
     first = out.stdout.splitlines()[0]
     assert first.startswith("run failed: dataset 'd': cannot read "), first
     assert first.count("dataset 'd'") == 1 and first.count("dir") == 1, first
+
+
+def test_progress_lines_count_quarantined_answers(tmp_path):
+    # every answer cut and quarantined (alarms off): the plain progress lines show them and
+    # a rate above 0 — the run gets answers, it keeps none
+    write_jsonl(tmp_path / "d.jsonl", rows(24))
+    (tmp_path / "sim.toml").write_text('[[providers]]\nname = "Slow"\ntag = "slow/bf16"\n'
+                                       'quantization = "bf16"\nlatency_s = 0.1\n')
+    cfg = config(tmp_path, 'path = "d.jsonl"', endpoint='base_url = "sim"\nconcurrency = 4',
+                 extra='[sampling]\nmax_tokens = 5\n[quality]\nalarms = false\n'
+                       '[engine]\nlog_interval = 0.2\n[sim]\nconfig = "sim.toml"')
+    out = cli("run", cfg, "--no-live", cwd=tmp_path)
+    assert out.returncode == 6, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if "req/s" in line]
+    assert lines and "d: tasks 0 done 0 failed 24 quarantined 0 pending" in lines[-1], lines
+    assert any(" 0.0 req/s" not in line for line in lines), lines
+
+
+def test_ended_early_reasons_sit_next_to_the_count_they_explain():
+    from specgen.engine.status import conversation_lines
+
+    line = conversation_lines({"conversations": {"ended": 9, "pending": 4},
+                               "end_reasons": {"quarantined:length": 8, "stop": 1}})[0]
+    assert line == "conversations: ended early 9 (quarantined:length 8, stop 1), pending 4"

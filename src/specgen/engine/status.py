@@ -185,11 +185,8 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     tool results by their weakest match."""
     lines = []
     if d.get("conversations"):
-        text = "conversations: " + conversation_counts(d["conversations"])
-        if d.get("end_reasons"):
-            text += " (" + ", ".join(
-                f"{k} {v:,}" for k, v in d["end_reasons"].items()) + ")"
-        lines.append(text)
+        lines.append("conversations: " + conversation_counts(d["conversations"],
+                                                           d.get("end_reasons")))
     turns = d.get("turns_per_conversation") or {}
     if turns:
         n = sum(turns.values())
@@ -218,7 +215,9 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
 def quality_cell(fig: dict | None, excluded: bool) -> str:
     """A provider's rolling quality figures in a few words (live figures; "-" when none)."""
     parts = []
-    for key, label in (("schema", "schema"), ("count", "counts"), ("quarantine", "quar."),
+    # the quarantine rate counts the reasons no other figure watches (schema, counts and
+    # `length` have their own): "other quar.", so it never reads as the quarantine column
+    for key, label in (("schema", "schema"), ("count", "counts"), ("quarantine", "other quar."),
                        ("mismatch", "mism.")):
         value = (fig or {}).get(key, {}).get("value")
         if value is not None:

@@ -128,11 +128,7 @@ def _outcome_notes(s: RunStats) -> list[str]:
 
 def _conversations(s: RunStats) -> str:
     """Conversations by status, with why those that ended early did, where it is counted."""
-    text = conversation_counts(s.conversations) or "0"
-    if s.end_reasons:
-        text += "; ended early because: " + ", ".join(
-            f"{k} {v:,}" for k, v in s.end_reasons.most_common())
-    return text
+    return conversation_counts(s.conversations, s.end_reasons) or "0"
 
 
 def _invalid(s: RunStats) -> str:
