@@ -67,6 +67,9 @@ skip_invalid = true
     st = cli("status", "run-dir", cwd=tmp_path)
     assert st.returncode == 0
     assert "state unproductive" in st.stdout and "invalid source rows 30" in st.stdout
+    # long lines are not wrapped mid-line (a pipe or a file gets each line whole)
+    (reason,) = [line for line in st.stdout.splitlines() if "format they fit" in line]
+    assert reason.strip().startswith("no sample: all 30 source row(s)"), st.stdout
     rep = cli("report", "run-dir", "--text", cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     head = rep.stdout.split("Run:", 1)[0]  # the outcome comes first, before any figure

@@ -34,6 +34,7 @@ from . import event_loop
 from .ballast import Ballast
 from .budget import Budget, resolve_prices
 from .control import RunLock, clear_control
+from .logfile import RunLogFile
 from .outcome import EXIT_STOPPED, Outcome
 from .policy import ProviderPolicy, parse_endpoints
 from .resume import (
@@ -97,7 +98,7 @@ def _setup_logging(run_dir: Path, live: bool) -> list[logging.Handler]:
     logger = logging.getLogger("specgen")
     logger.setLevel(logging.INFO)
     handlers: list[logging.Handler] = []
-    fh = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
+    fh = RunLogFile(run_dir / LOG_FILE)  # degrades to the console on a full disk
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handlers.append(fh)
     sh = _Console(sys.stderr)
