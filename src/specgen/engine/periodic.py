@@ -43,6 +43,7 @@ async def _tick_forever(engine, on_tick) -> None:
         if now - last_beat >= eng.heartbeat_interval:
             last_beat = now
             writer.batch.session = (time.time(), "running", None, None, engine.session_id)
+            engine.steering.save_alarms()  # the alarm windows survive a kill -9 too
             write_live_file(engine, engine.run_dir)
         if writer.due() or writer.batch.session is not None:
             engine.book.stage_datasets(engine.datasets)
