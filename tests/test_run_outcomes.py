@@ -248,3 +248,18 @@ def test_an_unknown_ack_alarm_is_refused(tmp_path):
               "--no-live", "--ack-alarm", "lenght", cwd=tmp_path)
     assert out.returncode == 2
     assert "--ack-alarm lenght: no such alarm (known: raw_markers" in out.stderr
+
+
+def test_a_provider_change_clears_a_standing_alarm(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", plain_rows(40))
+    cfg = config(tmp_path, LENGTH_RUN.format(on_alarm="stop", limit=30))
+    out = cli("run", cfg, "--no-live", cwd=tmp_path)
+    assert out.returncode == 5 and "alarm length" in out.stdout, out.stdout + out.stderr
+    ex = cli("provider", "run-dir", "--exclude", "DeepInfra", cwd=tmp_path)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)
+    assert [a["standing"] for a in js["alarms"]] == [False]
+    assert "cleared when the run resumes" in cli("status", "run-dir", cwd=tmp_path).stdout
+    again = cli("run", cfg, "--no-live", cwd=tmp_path)
+    assert "alarm length on dataset 'p' cleared" in again.stderr, again.stderr[-2000:]
+    assert "standing since" not in again.stdout
