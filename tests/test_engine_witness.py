@@ -110,7 +110,10 @@ def test_the_witness_is_right_against_the_true_ids(tmp_path, kind):
 
 
 def test_unusable_counts_are_detected_and_samples_unverified(tmp_path):
-    cfg, outcome = run(tmp_path, "noisy", 4 * UNUSABLE_AFTER + 20, true_ids=False)
+    # the answers before the counts are found unusable are quarantined (about half of them):
+    # a kept share of 0.2 is enough here (exit 0 means samples: [quality] min_kept_share)
+    cfg, outcome = run(tmp_path, "noisy", 4 * UNUSABLE_AFTER + 20, true_ids=False,
+                       quality="[quality]\nmin_kept_share = 0.2")
     assert outcome.state == "finished", outcome
     with Store.open(cfg.run_dir) as s:
         checks = dict(s.conn.execute("SELECT count_check, COUNT(*) FROM results GROUP BY 1"))
@@ -123,7 +126,9 @@ def test_unusable_counts_are_detected_and_samples_unverified(tmp_path):
 
 def test_a_provider_that_saw_another_prompt_never_gives_samples(tmp_path):
     cfg, outcome = run(tmp_path, "hidden", 12, true_ids=False)
-    assert outcome.state == "finished", outcome  # quarantined by policy: the run did its work
+    # every answer quarantined: no sample, so the run is unproductive (exit 6) and says why
+    assert (outcome.state, outcome.exit_code) == ("unproductive", 6), outcome
+    assert "count_mismatch x12" in outcome.stop_reason and "count_witness" in outcome.stop_reason
     st = run_status(cfg.run_dir)["datasets"]["t"]
     assert (st["done"], st["quarantined"]) == (0, 12)
     assert st["quarantine_reasons"] == {"count_mismatch": 12}

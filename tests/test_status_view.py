@@ -76,7 +76,7 @@ def test_live_view_and_progress_line_render(finished_run):
     assert d["rows_total"] == 12 and rows_text(d) == "10/12"
     assert snap["eta_s"] == 0.0  # nothing left (without that: none until a rate is known)
     line = progress_line(eng)
-    assert "a: tasks 10 done 0 failed 0 pending, 10/10 req [limit_reached]" in line
+    assert "a: tasks 10 done 0 failed 0 quarantined 0 pending, 10/10 req [limit_reached]" in line
     assert "(reported; no prices known)" in line
     buf = io.StringIO()
     view = LiveView(eng, console=Console(file=buf, force_terminal=True, width=200))
@@ -108,7 +108,7 @@ def test_live_view_shows_quality_figures_exclusions_and_alarms(finished_run):
     with view:
         view.update(force=True)
     text = buf.getvalue()
-    assert "schema 100% counts 100% quar. 0% mism. 0%" in text
+    assert "schema 100% counts 100% other quar. 0% mism. 0%" in text
     assert "excluded provider Sloppy (auto): schema accuracy 40% < 90%" in text
     assert "ALARM raw_markers on a: 70% of 20 (stop)" in text
     assert eng.live_figures()["excluded_providers"]["Sloppy"]["by"] == "auto"

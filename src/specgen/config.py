@@ -228,6 +228,9 @@ class QualityConfig:
     min_count_agreement: float = 0.9
     max_quarantine_rate: float = 0.2
     max_mismatch_rate: float = 0.2
+    # exit 0 means samples: a run that kept less than this share of its answered tasks ends
+    # `unproductive` (exit 6, specgen.judgement)
+    min_kept_share: float = 0.5
     # Alarms per dataset (docs/quality.md, "Alarms"): what happens when one fires, and each
     # alarm's threshold / min_samples / false (quality.alarms.ALARMS holds the defaults).
     on_alarm: Literal["stop", "pause_dataset", "warn"] = "stop"
@@ -427,7 +430,8 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     unknown = set(raw) - TOP_LEVEL_KEYS
     if unknown:
         raise ConfigError(
-            f"{where}: unknown top-level key(s): {', '.join(sorted(unknown))} "
+            f"{where}: unknown top-level key(s): {', '.join(sorted(unknown))}"
+            f"{did_you_mean(unknown, TOP_LEVEL_KEYS | {'dataset'})} "
             f"(known: {', '.join(sorted(TOP_LEVEL_KEYS | {'dataset'}))})"
         )
     cfg = RunConfig(
@@ -474,6 +478,10 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         ds.path = _resolve(base, ds.path)
         if not ds.path.exists():
             raise ConfigError(f"{label}: path {str(ds.path)!r} does not exist")
+        from .sources.files import check_readable
+
+        if (unreadable := check_readable(ds.path)) is not None:
+            raise ConfigError(f"{label}: path {unreadable}")
         if ds.format != "auto":
             from .sources.formats import FORMATS
 
@@ -502,7 +510,7 @@ def _validate_quality(q: QualityConfig, where: str) -> None:
 
     repetition_rule(q.repetition, where)
     for key in ("min_schema_accuracy", "min_count_agreement", "max_quarantine_rate",
-                "max_mismatch_rate"):
+                "max_mismatch_rate", "min_kept_share"):
         value = getattr(q, key)
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{where}: quality.{key} must be a share in [0, 1], got {value}")
@@ -880,6 +888,16 @@ def _check_proxy(value: str | bool | None, where: str) -> None:
             "environment instead and leave endpoint.proxy unset")
 
 
+def did_you_mean(unknown, known) -> str:
+    """" (did you mean `concurrency`?)" for mistyped keys close to a known one, else ""."""
+    import difflib
+
+    guesses = [f"`{m[0]}` for {k}" if len(unknown) > 1 else f"`{m[0]}`"
+               for k in sorted(unknown)
+               if (m := difflib.get_close_matches(k, list(known), n=1, cutoff=0.7))]
+    return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+
+
 def build_table(cls: type, raw: Any, name: str, where: str):
     """Instantiate dataclass `cls` from a TOML table, checking keys and types."""
     raw = _table(raw, name, where)
@@ -888,8 +906,8 @@ def build_table(cls: type, raw: Any, name: str, where: str):
     unknown = set(raw) - set(fields)
     if unknown:
         raise ConfigError(
-            f"{where}: unknown key(s) in [{name}]: {', '.join(sorted(unknown))} "
-            f"(known: {', '.join(sorted(fields))})"
+            f"{where}: unknown key(s) in [{name}]: {', '.join(sorted(unknown))}"
+            f"{did_you_mean(unknown, fields)} (known: {', '.join(sorted(fields))})"
         )
     kwargs = {}
     for key, f in fields.items():

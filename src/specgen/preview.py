@@ -40,6 +40,10 @@ SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password", re.I)
 _TOOL_DUMP = re.compile(r'"(name|parameters)"\s*:')
 
 
+
+class UnknownDataset(LookupError):
+    """`preview --dataset NAME` names no dataset of the config (the message lists them)."""
+
 @dataclass
 class SamplePreview:
     """One planned request of one conversation, with the sample it would make."""
@@ -189,7 +193,7 @@ def preview(
     `renderer_for(thinking)`: the renderer of a sample's thinking mode (reasoning mixes)."""
     chosen = [d for d in cfg.datasets if dataset is None or d.name == dataset]
     if dataset is not None and not chosen:
-        raise KeyError(f"no dataset named {dataset!r} (the config has: "
+        raise UnknownDataset(f"no dataset named {dataset!r} (the config has: "
                        f"{', '.join(d.name for d in cfg.datasets)})")
     out = [preview_dataset(cfg, d, renderer, n=n, scan=scan, renderer_for=renderer_for)
            for d in chosen]

@@ -41,7 +41,12 @@ def provider_problem(obj: Any, key: str = "endpoint.provider") -> str | None:
         return f"[{key}] must be a table"
     unknown = sorted(set(obj) - PROVIDER_KEYS)
     if unknown:
-        return (f"unknown key(s) in [{key}]: {', '.join(unknown)} "
+        import difflib
+
+        guesses = [f"`{m[0]}`" for k in unknown
+                   if (m := difflib.get_close_matches(k, sorted(PROVIDER_KEYS), n=1, cutoff=0.7))]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+        return (f"unknown key(s) in [{key}]: {', '.join(unknown)}{hint} "
                 f"(OpenRouter accepts: {', '.join(sorted(PROVIDER_KEYS))})")
     for name in LIST_KEYS:
         if name in obj and not (isinstance(obj[name], list)

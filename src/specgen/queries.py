@@ -111,13 +111,22 @@ def quality_events(store: Store, limit: int = 20) -> list[dict[str, Any]]:
     return [dict(zip(names, r, strict=True)) for r in reversed(rows)]
 
 
-def conversation_counts(counts: dict[str, int]) -> str:
-    """`done 48, ended early 11`: conversations by status, in words ("ended" = ended early:
-    the planner stopped before the dataset's last turn, or an answer was quarantined)."""
+def conversation_counts(counts: dict[str, int], end_reasons: dict[str, int] | None = None
+                        ) -> str:
+    """`done 48, ended early 11 (quarantined:length 9, ...), pending 4`: conversations by
+    status, in words ("ended" = ended early: the planner stopped before the dataset's last
+    turn, or an answer was quarantined), the reasons right after the count they explain."""
     words = {"ended": "ended early"}
     order = ("done", "ended", "failed", "active", "pending")
     keys = [k for k in order if counts.get(k)] + sorted(k for k in counts if k not in order)
-    return ", ".join(f"{words.get(k, k)} {counts[k]:,}" for k in keys)
+
+    def one(k: str) -> str:
+        text = f"{words.get(k, k)} {counts[k]:,}"
+        if k == "ended" and end_reasons:
+            text += " (" + ", ".join(f"{r} {n:,}" for r, n in sorted(
+                end_reasons.items(), key=lambda kv: -kv[1])) + ")"
+        return text
+    return ", ".join(one(k) for k in keys)
 
 
 def quarantine_details(store: Store) -> dict[str, dict[str, dict[str, Any]]]:

@@ -39,8 +39,11 @@ import orjson
 from .conversation import AssistantMessage
 from .display import UNKNOWN_PROVIDER
 from .export.snapshot import read_snapshot
+from .judgement import judge
 from .queries import detail_text, quarantine_details
 from .store import ResultRow, decode_result_row
+
+EXIT_NO_SAMPLES = 6  # nothing to verify (the run's exit 6, `unproductive`)
 
 DEFAULT_MAX_TRUE_MISMATCH = 0.02
 SHOW = 5  # examples kept per check / per true-id kind
@@ -145,6 +148,7 @@ class VerifyReport:
     # answers kept out of the samples: {dataset: {reason: n}}, and each reason's latest figures
     quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
     quarantine_details: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    empty: str | None = None  # no sample to verify: why (specgen.judgement), exit 6
 
     def provider(self, name: str | None, base_url: str | None) -> ProviderCheck:
         key = (name or UNKNOWN_PROVIDER, base_url)
@@ -163,6 +167,8 @@ class VerifyReport:
 
     @property
     def exit_code(self) -> int:
+        if self.empty:
+            return EXIT_NO_SAMPLES
         return 0 if self.ok else 1
 
     def add_sample(self, problems: list[Problem]) -> None:
@@ -196,6 +202,7 @@ class VerifyReport:
             "providers": [self.providers[k].to_json() for k in sorted(
                 self.providers, key=lambda k: (k[0], k[1] or ""))],
             "quarantined": self.quarantined, "quarantine_details": self.quarantine_details,
+            "empty": self.empty,
         }
 
 
@@ -276,6 +283,9 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
         report.store_problems = store_consistency(store)
         report.quarantined = store.quarantine_counts()
         report.quarantine_details = quarantine_details(store)
+        if not report.samples:
+            report.empty = (judge(store, datasets).verdict
+                            or "the run has no sample yet (nothing answered so far)")
     return report
 
 
@@ -572,6 +582,8 @@ def format_report(r: VerifyReport) -> str:
                          f"{p.detail}")
     for msg in r.store_problems:
         lines.append(f"  store: {msg}")
+    if r.empty:
+        lines.append(f"  nothing verified: no sample — {r.empty}")
     for ds, reasons in sorted(r.quarantined.items()):
         for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             figures = r.quarantine_details.get(ds, {}).get(reason)
@@ -593,7 +605,7 @@ def format_report(r: VerifyReport) -> str:
     if not r.true_ids_ok:
         lines.append(f"  true-id mismatch rate above --max-true-mismatch {r.max_true_mismatch:g}")
     lines += format_providers(r)
-    lines.append("OK" if r.ok else "FAILED")
+    lines.append("NO SAMPLES" if r.empty else "OK" if r.ok else "FAILED")
     return "\n".join(lines)
 
 

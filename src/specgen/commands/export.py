@@ -115,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
             print(v["torch"])
     print(f"{t['samples']:,} samples, {t['tokens']:,} tokens ({t['loss_tokens']:,} trained on); "
           f"manifest {tidy(manifest['manifest_path'])}")
-    if t["true_id_samples"]:
+    if t["true_id_samples"] and opts.format == "tokens":
         print(f"{t['true_id_samples']:,} of them as the backend's own ids (true ids)")
+    elif t["true_id_samples"]:
+        print(f"{t['true_id_samples']:,} of them have the backend's own ids; the {opts.format} "
+              "format carries text (the trainer tokenizes it): --format tokens exports the ids")
     if t["excluded_mismatch"]:
         print(f"left out {t['excluded_mismatch']:,} sample(s) whose ids contradict the provider's "
               "token counts (count_check = mismatch); --include-mismatched exports them")
@@ -131,4 +134,23 @@ def run(args: argparse.Namespace) -> int:
               + (f": {', '.join(parts)}" if parts else "") + " (manifest: excluded.filtered)")
     if not t["excluded_mismatch"] and opts.include_mismatched and t["count_checks"].get("mismatch"):
         print(f"included {t['count_checks']['mismatch']:,} sample(s) with count_check = mismatch")
+    if not t["samples"]:
+        print(f"specgen export: nothing exported — {_why_empty(args.run_dir, t, opts)}",
+              file=sys.stderr)
+        return 6
     return 0
+
+
+def _why_empty(run_dir, totals: dict, opts) -> str:
+    """Why an export wrote no sample: samples left out by the options, or the run's own
+    judgement (specgen.judgement)."""
+    if totals["excluded_mismatch"] or totals["excluded_provider"]:
+        return ("every sample was left out (see above: --include-mismatched / "
+                "--include-excluded-providers)")
+    from ..judgement import judge
+    from ..store import Store
+
+    with Store.open(run_dir) as store:
+        verdict = judge(store, opts.datasets or None).verdict
+    return verdict or ("the run has no sample yet" + (f" in {', '.join(opts.datasets)}"
+                                                       if opts.datasets else ""))

@@ -54,7 +54,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError, load_config
     from ..engine.resume import pin_for_run_dir
-    from ..preview import DEFAULT_SCAN, preview
+    from ..preview import DEFAULT_SCAN, UnknownDataset, preview
     from ..render import RenderError, mode_renderers, target_renderer
     from ..tokenizer import TokenizerError, load_tokenizer
 
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
         result = preview(cfg, renderer, n=args.n, dataset=args.dataset, scan=scan,
                          fetch_prices=args.fetch_prices,
                          renderer_for=mode_renderers(renderer, cfg.target.chat_template_kwargs))
-    except KeyError as exc:
-        print(f"specgen preview: {exc.args[0]}", file=sys.stderr)
+    except UnknownDataset as exc:
+        print(f"specgen preview: {exc}", file=sys.stderr)
         return 2
     if args.json:
         from ..display import clean_floats

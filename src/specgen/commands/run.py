@@ -26,6 +26,9 @@ def add_parser(subparsers) -> None:
                         "(default: [engine] drain_timeout, 60)")
     p.add_argument("--retry-failed", action="store_true",
                    help="send tasks that failed in earlier sessions again")
+    p.add_argument("--ack-alarm", action="append", default=[], metavar="NAME",
+                   help="acknowledge a quality alarm that still stands from an earlier session "
+                        "(its cause unchanged) and go on as it is (repeatable)")
     live = p.add_mutually_exclusive_group()
     live.add_argument("--live", dest="live", action="store_true", default=None,
                       help="force the live view")
@@ -51,8 +54,16 @@ def handle(args: argparse.Namespace) -> int:
     if args.drain_timeout is not None and args.drain_timeout < 0:
         print("specgen run: --drain-timeout must be >= 0", file=sys.stderr)
         return 2
+    from ..quality.alarms import ALARMS
+
+    unknown = [n for n in args.ack_alarm if n not in ALARMS]
+    if unknown:
+        print(f"specgen run: --ack-alarm {unknown[0]}: no such alarm (known: "
+              f"{', '.join(ALARMS)})", file=sys.stderr)
+        return 2
     opts = RunOptions(shard=args.shard, force_new=args.force_new,
                       drain_timeout=args.drain_timeout, retry_failed=args.retry_failed,
+                      ack_alarms=tuple(args.ack_alarm),
                       live=args.live, argv=sys.argv[1:])
     try:
         outcome = run(cfg, opts)
@@ -108,8 +119,14 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
         cmd = (f"specgen run {config}{rerun} --retry-failed" if config
                else "rerun with --retry-failed")
         print(f"  to send them again with a fresh attempt budget: {cmd}")
-    if state == "stopped":
+    if state == "stopped" and "--ack-alarm" in reason:
+        print("  make the change the alarm names and rerun, or rerun with --ack-alarm NAME to "
+              "go on as it is (a plain rerun stops again)")
+    elif state == "stopped":
         print("  rerun the same command to resume")
+    elif state == "unproductive":
+        print("  change what the reason names, then rerun (`--force-new` when the change "
+              "alters results: docs/engine.md, \"Exit codes\")")
     elif state == "failed":
         print("  fix the cause above, then rerun the same command to resume")
 

@@ -44,7 +44,7 @@ def print_status(s: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=True)
     head = f"[bold]{s['run_dir']}[/bold]  state [cyan]{s['state']}[/cyan]"
     if s["pid"]:
         head += f"  pid {s['pid']}"
@@ -70,6 +70,9 @@ def print_status(s: dict) -> None:
                       "in memory[/red]")
     if s["stop_reason"]:
         console.print(f"  {escape(s['stop_reason'])}")
+    verdict = (s.get("judgement") or {}).get("verdict")
+    if verdict and verdict not in (s["stop_reason"] or ""):
+        console.print(f"  [red]{escape(verdict)}[/red]", highlight=False)
     t = Table(box=None, header_style="bold")
     plans = progress.get("datasets") or {}
     for col in ("dataset", "state", "tasks done", "failed", "quar.", "pending", "attempts",
@@ -102,9 +105,18 @@ def print_status(s: dict) -> None:
                       f"({info.get('by', '?')}): {escape(str(info.get('reason', '')))}; "
                       f"`specgen provider {s['run_dir']} --allow {escape(name)}` puts it back",
                       highlight=False)
+    for a in s.get("alarms") or []:
+        if a.get("standing"):
+            console.print(f"  [red]standing alarm {escape(a['alarm'])} on dataset "
+                          f"{escape(a['dataset'])}[/red] (since session {a.get('session')}): "
+                          f"to fix: {escape(a.get('fix') or '')}", highlight=False)
+        else:
+            console.print(f"  alarm {escape(a['alarm'])} on dataset {escape(a['dataset'])}: "
+                          "what it depends on changed since; cleared when the run resumes",
+                          highlight=False)
     for ev in s.get("quality_events") or []:
         said = (ev["detail"] or "").split(" (on_alarm", 1)[0] in (s["stop_reason"] or "")
-        if ev["kind"] == "alarm" and not said:
+        if ev["kind"] == "alarm" and not said and s.get("alarms") is None:
             console.print(f"  [red]{escape(ev['detail'] or '')}[/red]", highlight=False)
     if s["providers"]:
         p = Table(box=None, header_style="bold")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ..config import RunConfig
 from ..records import InvalidRowRecord
+from ..sources.files import cannot_read
 from ..store import Store
 from .conversations import Conversations
 from .events import EventLog
@@ -129,7 +130,7 @@ class Admission:
             ds.dirty = True
             self.book.refresh_state(ds)
         except Exception as exc:  # noqa: BLE001 - an unreadable source stops the run
-            self.stop.fail(f"dataset {ds.name!r}: cannot read {ds.cfg.path}: {exc}", event=None)
+            self.stop.fail(f"dataset {ds.name!r}: {cannot_read(ds.cfg.path, exc, ds.name)}", event=None)
         return None
 
     def _invalid(self, ds: DsRun, row) -> bool:
@@ -161,7 +162,7 @@ class Admission:
         try:
             ds.rows, ds.lookahead = await asyncio.to_thread(open_source)
         except Exception as exc:  # noqa: BLE001 - a source that cannot be opened stops the run
-            self.stop.fail(f"dataset {ds.name!r}: cannot read {ds.cfg.path}: {exc}", event=None)
+            self.stop.fail(f"dataset {ds.name!r}: {cannot_read(ds.cfg.path, exc, ds.name)}", event=None)
         finally:
             ds.opening = False
             self.wake()

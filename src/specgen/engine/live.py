@@ -98,7 +98,8 @@ def progress_line(engine: Engine) -> str:
     ]
     for d in s["datasets"]:
         parts.append(f"{d['name']}: tasks {d['done']:,} done {d['failed']:,} failed "
-                     f"{d['pending']:,} pending, {d['progress']} [{d['state']}]")
+                     f"{d['quarantined']:,} quarantined {d['pending']:,} pending, "
+                     f"{d['progress']} [{d['state']}]")
     if s["errors"]:
         parts.append("errors " + " ".join(f"{k}={v}" for k, v in sorted(s["errors"].items())))
     if eta_text(s):

@@ -16,7 +16,7 @@ from .state import Conv, DsRun
 log = logging.getLogger("specgen.engine")
 
 
-def load(engine, *, retry_failed: bool = False) -> None:
+def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()) -> None:
     """Fill a new `Engine` from its store (see the module docstring)."""
     store, cfg = engine.store, engine.cfg
     names = [d.name for d in cfg.datasets]
@@ -30,6 +30,7 @@ def load(engine, *, retry_failed: bool = False) -> None:
         engine.witness.seed(provider, dp, dc)
     _load_exclusions(engine)
     _load_datasets(engine)
+    load_alarms(engine, ack_alarms)
     book = engine.book
     book.next_conv = store.max_id("conversations")
     book.next_task = store.max_id("tasks")
@@ -93,3 +94,50 @@ def _load_datasets(engine) -> None:
     for name, s in spend.items():
         if name not in engine.by_name and name is not None:
             engine.budget.cost_usd += float(s.get("cost_usd", 0.0))
+
+
+def load_alarms(engine, ack: tuple[str, ...] = ()) -> None:
+    """The alarm windows and fired alarms of earlier sessions (quality.memory): the windows
+    refilled so figures run across sessions; a fired alarm whose cause changed is cleared,
+    one named by `--ack-alarm` acknowledged, any other stands and is carried out again."""
+    import orjson
+
+    from ..quality.memory import META_FIRED, META_WINDOWS, load_windows, read_fired
+
+    meta = engine.store.meta()
+    steering, alarms = engine.steering, engine.quality.alarms
+    steering.config_json = orjson.loads(orjson.dumps(engine.cfg.to_json()))
+    cause = steering.cause
+    names = {d.name for d in engine.datasets}
+    fired = read_fired(meta.get(META_FIRED))
+    changed = False
+    for ds, recs in list(fired.items()):
+        for name, rec in list(recs.items()):
+            if rec.get("cause") != cause:
+                del recs[name]
+                changed = True
+                engine.events.add("alarm_cleared", ds, None,
+                                  f"alarm {name}: what it depends on changed")
+                log.info("alarm %s on dataset %r cleared: the config or the providers "
+                         "changed", name, ds)
+                continue
+            if name in ack and not rec.get("acked"):
+                rec["acked"] = True
+                changed = True
+                engine.events.add("alarm_acknowledged", ds, None,
+                                  f"alarm {name}: --ack-alarm {name}")
+                log.warning("alarm %s on dataset %r acknowledged (--ack-alarm): the run goes "
+                            "on", name, ds)
+            alarms.fired.setdefault(ds, []).append(name)  # fires at most once per cause
+        if not recs:
+            del fired[ds]
+    n = load_windows(alarms, meta.get(META_WINDOWS), names, cause)
+    if n:
+        log.info("alarm windows: %d answer(s) of earlier sessions restored", n)
+    steering.remembered = fired
+    if changed:
+        steering.save_alarms()
+    for ds, recs in fired.items():
+        for name, rec in recs.items():
+            if not rec.get("acked") and ds in names:
+                steering.standing_alarm(ds, name, rec)

@@ -14,11 +14,13 @@ EXIT_CANCELLED = 3  # stopped with in-flight requests cancelled (--now, second C
 EXIT_INCOMPLETE = 4  # ran to the end, but some tasks failed (see --retry-failed)
 EXIT_STOPPED = 5  # stopped with work left pending: a stop, an account budget, an outage,
 #                   a full disk; rerun to resume
+EXIT_UNPRODUCTIVE = 6  # the work is over but kept no sample, or less than [quality]
+#                        min_kept_share of the answered tasks (specgen.judgement)
 
 
 @dataclass(slots=True)
 class Outcome:
-    state: str  # finished | incomplete | stopped | failed
+    state: str  # finished | unproductive | incomplete | stopped | failed
     stop_reason: str
     exit_code: int
 
@@ -63,3 +65,11 @@ def session_outcome(datasets, stop, failed: dict[str, int]) -> Outcome:
         pending=sum(ds.tasks.get("pending", 0) for ds in datasets),
         failed=failed, done_note="; ".join(reached),
         paused={ds.name: ds.paused for ds in datasets if ds.paused is not None})
+
+
+def judged(outcome: Outcome, verdict: str | None) -> Outcome:
+    """A `finished` session whose run kept too few samples (`specgen.judgement.judge`'s
+    verdict, over every session) is `unproductive` instead: exit 0 means samples."""
+    if outcome.state != "finished" or not verdict:
+        return outcome
+    return Outcome("unproductive", verdict, EXIT_UNPRODUCTIVE)

@@ -12,6 +12,8 @@ import time
 from .figures import write_live_file
 from .store_guard import rescue_results
 
+STOP_RESCUE_AFTER = 3.0  # seconds of failing commits a stop waits before the rescue file
+
 log = logging.getLogger("specgen.engine")
 
 
@@ -41,6 +43,7 @@ async def _tick_forever(engine, on_tick) -> None:
         if now - last_beat >= eng.heartbeat_interval:
             last_beat = now
             writer.batch.session = (time.time(), "running", None, None, engine.session_id)
+            engine.steering.save_alarms()  # the alarm windows survive a kill -9 too
             write_live_file(engine, engine.run_dir)
         if writer.due() or writer.batch.session is not None:
             engine.book.stage_datasets(engine.datasets)
@@ -63,6 +66,7 @@ async def settle_store(engine) -> None:
     """Commit the session's last rows, waiting out a store problem as long as
     store_error_timeout allows; what cannot be committed is written to a rescue file."""
     writer = engine.writer
+    asked = time.monotonic()
     while True:
         engine.book.stage_datasets(engine.datasets)
         if await writer.flush_async():
@@ -70,11 +74,23 @@ async def settle_store(engine) -> None:
         verdict = engine.store_guard.check(False)
         if verdict.stop or engine.stop.stopping == "now":
             break
-        await asyncio.sleep(1.0)
+        # a stop asked for while commits fail (Ctrl-C, SIGTERM from timeout, systemd or
+        # Kubernetes) does not wait out store_error_timeout: a grace period would kill the
+        # process with the paid answers in memory; a few quick tries, then the rescue file
+        if engine.stop.stopping and engine.stop.kind != "store" \
+                and time.monotonic() - asked >= STOP_RESCUE_AFTER:
+            break
+        await asyncio.sleep(0.5 if engine.stop.stopping else 1.0)
     held = writer.held_results
     where = rescue_results(writer.batch, engine.run_dir, engine.session_id)
     saved = f"; they were written to {where}" if where else ""
     problem = writer.problem
-    engine.stop.fatal = (f"store error: {problem.message if problem else 'commit failed'}; "
-                         f"{held} answer(s) could not be committed{saved}")
+    what = (f"store error: {problem.message if problem else 'commit failed'}; "
+            f"{held} answer(s) could not be committed{saved}")
+    if engine.stop.stopping and not verdict.stop:
+        # the stop stands (exit 5, or 3 for --now): what was held is in the rescue file
+        engine.stop.reason = f"{engine.stop.reason}; {what}"
+        log.error("%s", what)
+        return
+    engine.stop.fatal = what
     log.error("%s", engine.stop.fatal)

@@ -34,6 +34,7 @@ from . import event_loop
 from .ballast import Ballast
 from .budget import Budget, resolve_prices
 from .control import RunLock, clear_control
+from .logfile import RunLogFile
 from .outcome import EXIT_STOPPED, Outcome
 from .policy import ProviderPolicy, parse_endpoints
 from .resume import (
@@ -70,6 +71,7 @@ class RunOptions:
     force_new: bool = False
     drain_timeout: float | None = None
     retry_failed: bool = False
+    ack_alarms: tuple[str, ...] = ()  # --ack-alarm NAME: standing alarms acknowledged
     live: bool | None = None  # None: a live view when stderr is a terminal
     argv: list[str] = field(default_factory=list)
     stages: Stages | None = None  # tests may pass their own; default: the real stages
@@ -96,7 +98,7 @@ def _setup_logging(run_dir: Path, live: bool) -> list[logging.Handler]:
     logger = logging.getLogger("specgen")
     logger.setLevel(logging.INFO)
     handlers: list[logging.Handler] = []
-    fh = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
+    fh = RunLogFile(run_dir / LOG_FILE)  # degrades to the console on a full disk
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handlers.append(fh)
     sh = _Console(sys.stderr)
@@ -117,6 +119,11 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
         event_loop.loop_factory(cfg.engine.event_loop)
     except (ValueError, event_loop.LoopUnavailable) as exc:
         raise RunError(str(exc)) from None
+    key_env = cfg.endpoint.api_key_env  # before anything is written: a refusal leaves nothing
+    if (not cfg.endpoint.is_sim and key_env and not os.environ.get(key_env)
+            and not all(_is_local(u) for u in cfg.endpoint.base_url)):
+        raise RunError(f"the API key is not set: export {key_env}=... (endpoint.api_key_env "
+                       "names the variable; the key is never written anywhere)")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -142,15 +149,9 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
 
 
 def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
+    from ..config import empty_datasets
     from ..render import target_renderer
     from ..tokenizer import load_tokenizer
-
-    key_env = cfg.endpoint.api_key_env
-    if (not cfg.endpoint.is_sim and key_env and not os.environ.get(key_env)
-            and not all(_is_local(u) for u in cfg.endpoint.base_url)):
-        raise RunError(f"the API key is not set: export {key_env}=... (endpoint.api_key_env "
-                       "names the variable; the key is never written anywhere)")
-    from ..config import empty_datasets
 
     for ds in empty_datasets(cfg):
         log.warning("dataset %r: %s has no rows; nothing will be sent for it", ds.name, ds.path)
@@ -266,7 +267,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                                               else opts.threaded_commits),
                             ballast=ballast)
             t0 = time.monotonic()
-            engine.load(retry_failed=opts.retry_failed)
+            engine.load(retry_failed=opts.retry_failed, ack_alarms=opts.ack_alarms)
             log.info("session %d started: %s; resumed state in %.2fs (%d open conversations)",
                      session_id, ", ".join(f"{d.name} at row {d.rows_read}"
                                            for d in engine.datasets),

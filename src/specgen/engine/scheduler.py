@@ -22,6 +22,7 @@ from typing import Any
 
 from ..client.types import ApiError, ChatResponse
 from ..config import RunConfig
+from ..judgement import judge
 from ..quality.monitor import QualityMonitor
 from ..quality.witness import CountWitness
 from ..records import AttemptRecord
@@ -40,7 +41,7 @@ from .events import EventLog
 from .jobs import JobBuilder
 from .limits import Limits
 from .model_check import ModelCheck
-from .outcome import Outcome, session_outcome
+from .outcome import Outcome, judged, session_outcome
 from .policy import ProviderPolicy
 from .progress import EtaEstimator, RowCounter
 from .retry import RetryPolicy
@@ -155,9 +156,9 @@ class Engine:
     def wake(self) -> None:
         self._wake.set()
 
-    def load(self, *, retry_failed: bool = False) -> None:
+    def load(self, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()) -> None:
         """Rebuild the in-memory state from the store (`loading`)."""
-        loading.load(self, retry_failed=retry_failed)
+        loading.load(self, retry_failed=retry_failed, ack_alarms=ack_alarms)
 
     def progress(self) -> dict[str, Any]:
         return figures.progress(self)
@@ -472,9 +473,12 @@ class Engine:
         for ds in self.datasets:
             self.book.refresh_state(ds)
         outcome = session_outcome(self.datasets, self.stop, self.failed_by_class())
+        outcome = judged(outcome, judge(self.store, [d.name for d in self.datasets],
+                                        self.cfg.quality.min_kept_share).verdict)
         self.final_state = outcome.state
         self.events.add("session_end", None, None, f"{outcome.state}: {outcome.stop_reason}")
         self.book.stage_datasets(self.datasets)
+        self.steering.save_alarms()  # the alarm windows run across sessions (quality.memory)
         self.writer.batch.session = (time.time(), outcome.state, outcome.stop_reason,
                                      time.time(), self.session_id)
         if not self.writer.flush():

@@ -124,4 +124,6 @@ class RunStats:
         return p
 
     def tick(self) -> None:
-        self.rate.sample(self.answers, self.completion_tokens)
+        # answered requests, kept or quarantined: a run whose answers are all quarantined
+        # still shows the rate it gets answers at
+        self.rate.sample(self.answers + sum(self.quarantines.values()), self.completion_tokens)

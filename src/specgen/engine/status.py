@@ -16,6 +16,8 @@ import orjson
 
 from ..batch_queries import batch_figures
 from ..display import path as tidy
+from ..judgement import invalid_row_lines, judge
+from ..quality.memory import META_FIRED, cause_of, read_fired, standing
 from ..queries import (
     conversation_counts,
     conversation_shapes,
@@ -58,6 +60,9 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         shapes = conversation_shapes(store)
         events = quality_events(store)
         batches = batch_figures(store, orjson.loads(meta.get("config_json", "{}")))
+        judgement = judge(store)
+        invalid_first = {name: invalid_row_lines(store, [name]) for name, row in table.items()
+                         if row.get("rows_invalid")}
     hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
     last = sessions[-1] if sessions else None
@@ -98,6 +103,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
             "attempts": int(s.get("attempts", 0)),
             "state": dataset_state(row.get("state", "active"), done, failed, pending),
             "rows_read": row.get("rows_read", 0), "rows_invalid": row.get("rows_invalid", 0),
+            "invalid_reasons": invalid_first.get(name, []),
             "rows_duplicate": row.get("rows_duplicate", 0),
             "rows_other_shard": row.get("rows_other_shard", 0),
             "exhausted": bool(row.get("exhausted", 0)),
@@ -132,6 +138,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "failures": failures,
         "excluded_providers": read_excluded(meta),
         "quality_events": events,
+        "judgement": judgement.as_json(),  # the run's yield (specgen.judgement)
+        "alarms": _alarms(meta, cfg),
     }
     if batches is not None:
         out["batches"] = batches
@@ -156,6 +164,17 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
     return out
 
 
+def _alarms(meta: dict[str, str], cfg: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Fired alarms not acknowledged (quality.memory), each with `standing`: true while
+    nothing it depends on changed since (a changed exclusion clears it; a changed config
+    clears it when the run starts with it)."""
+    if META_FIRED not in meta:
+        return None  # a store from before alarms were remembered: its events tell
+    now = cause_of(cfg, list(read_excluded(meta)))
+    return [{**a, "standing": a.get("cause") == now}
+            for a in standing(read_fired(meta.get(META_FIRED)))]
+
+
 def dataset_state(state: str, done: int, failed: int, pending: int) -> str:
     """What a dataset's state means to a reader: a dataset whose work is over but whose
     tasks failed is never shown as plainly "done"."""
@@ -170,11 +189,8 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     tool results by their weakest match."""
     lines = []
     if d.get("conversations"):
-        text = "conversations: " + conversation_counts(d["conversations"])
-        if d.get("end_reasons"):
-            text += " (" + ", ".join(
-                f"{k} {v:,}" for k, v in d["end_reasons"].items()) + ")"
-        lines.append(text)
+        lines.append("conversations: " + conversation_counts(d["conversations"],
+                                                           d.get("end_reasons")))
     turns = d.get("turns_per_conversation") or {}
     if turns:
         n = sum(turns.values())
@@ -188,6 +204,10 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     if d.get("tool_matches"):
         lines.append("samples reusing tool results, by weakest match: "
                      + ", ".join(f"{k} {v}" for k, v in d["tool_matches"].items()))
+    if d.get("rows_invalid"):
+        first = "; ".join(r.split(" ", 1)[-1] for r in d.get("invalid_reasons") or [])
+        lines.append(f"invalid source rows {d['rows_invalid']:,}"
+                     + (f" (first: {first})" if first else ""))
     reasons = d.get("quarantine_reasons") or {}
     for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         figures = (d.get("quarantine_details") or {}).get(reason)
@@ -199,7 +219,9 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
 def quality_cell(fig: dict | None, excluded: bool) -> str:
     """A provider's rolling quality figures in a few words (live figures; "-" when none)."""
     parts = []
-    for key, label in (("schema", "schema"), ("count", "counts"), ("quarantine", "quar."),
+    # the quarantine rate counts the reasons no other figure watches (schema, counts and
+    # `length` have their own): "other quar.", so it never reads as the quarantine column
+    for key, label in (("schema", "schema"), ("count", "counts"), ("quarantine", "other quar."),
                        ("mismatch", "mism.")):
         value = (fig or {}).get(key, {}).get("value")
         if value is not None:

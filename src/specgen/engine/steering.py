@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config import QualityConfig
 from ..quality.alarms import Alarm
+from ..quality.memory import META_FIRED, META_WINDOWS, cause_of, dump_windows
 from ..quality.monitor import Decision, QualityMonitor
 from ..quality.policing import Exclusion
 from .control import clear_control, read_control
@@ -44,6 +45,10 @@ class Steering:
         self.stop = stop
         self.wake = wake
         self.alarms_fired: list[dict[str, Any]] = []
+        # fired alarms of the whole run (the store's `alarms_fired`, quality.memory) and the
+        # cause they are judged against; filled by loading
+        self.remembered: dict[str, dict[str, dict[str, Any]]] = {}
+        self.config_json: dict[str, Any] = {}  # the run's config as the store's meta has it
 
     # -- requests from other shells ---------------------------------------------------------
     def poll(self) -> None:
@@ -113,6 +118,10 @@ class Steering:
         action = self.quality_cfg.on_alarm
         self.alarms_fired.append({**alarm.to_json(), "action": action, "at": time.time()})
         self.events.add("alarm", alarm.dataset, None, f"{alarm.message} (on_alarm = {action})")
+        self.remembered.setdefault(alarm.dataset, {})[alarm.name] = {
+            "message": alarm.message, "fix": alarm.fix, "action": action, "at": time.time(),
+            "session": self.session_id, "cause": self.cause}
+        self.save_alarms()
         if action == "warn":
             log.warning("%s (on_alarm = warn: the run goes on)", alarm.message)
         elif action == "pause_dataset":
@@ -121,3 +130,32 @@ class Steering:
         else:
             log.error("%s: stopping (on_alarm = stop)", alarm.message)
             self.stop.request(f"{alarm.message} (on_alarm = stop)", kind="alarm")
+
+    @property
+    def cause(self) -> str:
+        """What the alarms depend on now (quality.memory.cause_of)."""
+        return cause_of(self.config_json, list(self.policy.excluded))
+
+    def save_alarms(self) -> None:
+        """The fired alarms and the alarm windows into the next commit (quality.memory)."""
+        import json
+
+        self.writer.batch.meta[META_FIRED] = json.dumps(self.remembered)
+        self.writer.batch.meta[META_WINDOWS] = dump_windows(self.monitor.alarms, self.cause)
+
+    def standing_alarm(self, dataset: str, name: str, rec: dict[str, Any]) -> None:
+        """An alarm of an earlier session whose cause has not changed: carried out again
+        at the start (stop, pause the dataset, or warn), saying how to clear it."""
+        action = self.quality_cfg.on_alarm
+        why = (f"{rec.get('message', f'alarm {name} on dataset {dataset!r}')} (standing since "
+               f"session {rec.get('session', '?')}: nothing it depends on changed; a config "
+               f"change or `specgen provider --allow/--exclude` clears it)")
+        self.events.add("alarm_standing", dataset, None, why)
+        if action == "warn" or dataset not in self.datasets:
+            log.warning("%s (on_alarm = warn)", why)
+        elif action == "pause_dataset":
+            log.error("%s: dataset paused (on_alarm = pause_dataset)", why)
+            self.book.pause(self.datasets[dataset], why)
+        else:
+            log.error("%s: stopping (on_alarm = stop)", why)
+            self.stop.request(f"{why} (on_alarm = stop)", kind="alarm")

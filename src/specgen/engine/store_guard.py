@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger("specgen.engine")
 
@@ -53,17 +54,22 @@ class StoreGuard:
             return vanished
         if self.holding is None:
             return Verdict()
-        if self.ballast is not None and not self.ballast.present:
-            if not self.ballast.restore():
-                self._say(f"store commits again, but the disk is still nearly full: new "
-                          f"requests stay paused until there is room for the "
-                          f"{self.ballast.size / 2**20:.0f} MB reserve")
+        without = ""
+        if self.ballast is not None and not self.ballast.present and not self.ballast.restore():
+            # the same rule as at start: the run dir takes a write (the reserve is a help,
+            # never a condition — a disk where it never fits would pause forever)
+            problem = writable(self.store)
+            if problem is not None:
+                self._say(f"store commits again, but {problem}: new requests stay paused")
                 stop = None
                 if self.clock() - self.holding_since >= self.timeout:
                     stop = (f"the run dir's disk stayed full for {self.timeout:g}s "
                             "(store_error_timeout); every answer received is committed")
                 return Verdict(halt=self.holding, stop=stop)
-        note = f"the store takes commits again ({self.holding}); dispatching resumes"
+            without = (f"; without the {self.ballast.size / 2**20:.0f} MB reserve (no room "
+                       "for it yet: it is recreated once there is)")
+        note = (f"the store takes commits again ({self.holding}); dispatching resumes"
+                f"{without}")
         log.warning("%s", note)
         self.holding = None
         return Verdict(note=note)
@@ -109,6 +115,14 @@ class StoreGuard:
         if now - self._said >= SAY_EVERY:
             self._said = now
             log.warning("%s", text)
+
+
+def writable(store) -> str | None:
+    """Why the store's run dir takes no write now (store.check_writable), or None."""
+    from ..store import check_writable
+
+    path = getattr(store, "path", None)
+    return None if path is None else check_writable(Path(path).parent)
 
 
 def _advice(kind: str) -> str:

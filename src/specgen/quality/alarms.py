@@ -40,6 +40,23 @@ ALARMS: dict[str, tuple[float, int, bool, str]] = {
     "repetition": (0.1, 20, False, "answers with a repetition loop ([quality] repetition)"),
 }
 ACTIONS = ("stop", "pause_dataset", "warn")
+# What to change when an alarm fires (every alarm message ends with it).
+FIXES: dict[str, str] = {
+    "raw_markers": "the provider ignored `tools`: exclude it (`specgen provider RUN_DIR "
+                   "--exclude NAME`, or `[endpoint.provider] ignore`), or `specgen probe` for "
+                   "one that passes",
+    "tool_calls": "no tool is called: check that the rows' tools reach the model (`specgen "
+                  "preview`), or allow a provider that calls tools (`specgen probe`)",
+    "schema_mismatch": "exclude the provider whose calls break the schemas (`specgen "
+                       "provider RUN_DIR --exclude NAME`; `specgen probe` measures them)",
+    "count_mismatch": "check `[target] tokenizer` / `renderer`, exclude the provider, or set "
+                      "`[quality] count_witness = false`",
+    "quarantine": "see the reasons (`specgen status`); allow another provider (`specgen "
+                  "probe`) or fix what the reason names",
+    "empty": "raise `max_tokens` (reasoning may use it all), or allow another provider",
+    "length": "raise `max_tokens` ([sampling] or the dataset's), or keep cut answers with "
+              "the dataset's `on_length = \"keep\"`",
+}
 
 
 def alarm_rules(spec: Any, where: str = "config") -> dict[str, AlarmRule]:
@@ -106,7 +123,12 @@ class Alarm:
         return (f"alarm {r.name} on dataset {self.dataset!r}: {100 * self.share:.0f}% of the "
                 f"last {self.samples} {r.what} ({sign} {100 * r.threshold:g}% after "
                 f"{r.min_samples})" + (f" [{why}]" if why else "")
-                + (f"; examples: {ex}" if ex else ""))
+                + (f"; examples: {ex}" if ex else "") + f"; to fix: {self.fix}")
+
+    @property
+    def fix(self) -> str:
+        return (f"{FIXES.get(self.rule.name, 'see docs/quality.md')}; or rerun with "
+                f"`--ack-alarm {self.rule.name}` to go on as it is")
 
     def to_json(self) -> dict[str, Any]:
         r = self.rule

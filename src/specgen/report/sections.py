@@ -76,7 +76,7 @@ def build_sections(s: RunStats, run_dir: str) -> list[Section]:
 def _summary(s: RunStats, run_dir: str) -> Section:
     t = s.totals
     m = s.meta
-    rows = [
+    rows = [*_outcome_rows(s),
         ["run dir", run_dir], ["model", m.get("model", "?")],
         ["renderer", m.get("renderer", "?")],
         ["thinking", {"1": "on", "0": "off"}.get(m.get("thinking", ""), "?")],
@@ -86,7 +86,7 @@ def _summary(s: RunStats, run_dir: str) -> Section:
         ["merged from", m.get("merged_from") or "—"],
         ["started", ts(t["started_at"])], ["last activity", ts(t["last_activity_at"])],
         ["samples", t["samples"]],
-        ["conversations", conversation_counts(s.conversations) or "0"],
+        ["conversations", _conversations(s)],
         ["tasks (one request of a conversation)",
          ", ".join(f"{k} {v:,}" for k, v in sorted(s.tasks.items())) or "0"],
         ["attempts (HTTP tries of the tasks)", f"{t['attempts']:,} ({t['failed_attempts']:,} "
@@ -94,9 +94,50 @@ def _summary(s: RunStats, run_dir: str) -> Section:
         ["tokens in samples", t["sample_tokens"]], ["tokens trained on (mask 1)", t["trained_tokens"]],
         ["cost of kept samples", usd(t["cost_usd"])],
         ["billed, all attempts", usd(t["billed_usd"])],
-        ["invalid source rows", s.invalid_rows],
+        ["invalid source rows", _invalid(s)],
     ]
-    return Section("summary", "Summary", [Table("Run", ["", ""], rows)])
+    return Section("summary", "Summary", [Table("Run", ["", ""], rows)],
+                   notes=_outcome_notes(s))
+
+
+def _outcome_rows(s: RunStats) -> list[list[Any]]:
+    """The run's outcome first: the last session's state and its yield (the reason and the
+    change to make are the section's first note, never clipped)."""
+    last = s.sessions[-1] if s.sessions else None
+    j = s.judgement
+    if j is None or not j.answered:
+        yield_text = "no answered task yet"
+    else:
+        yield_text = (f"{j.kept:,} of {j.answered:,} answered task(s) kept "
+                      f"({j.kept / j.answered:.0%}; [quality] min_kept_share "
+                      f"{j.min_kept_share:g})")
+    return [["outcome (last session)", last["state"] if last else "never started"],
+            ["yield", yield_text]]
+
+
+def _outcome_notes(s: RunStats) -> list[str]:
+    last = s.sessions[-1] if s.sessions else None
+    notes = []
+    if last is not None:
+        notes.append(f"outcome: {last['state']} — {last['stop_reason'] or 'no reason recorded'}")
+    j = s.judgement
+    if j is not None and j.verdict and (last is None or j.verdict not in
+                                        (last["stop_reason"] or "")):
+        notes.append(f"what to change: {j.verdict}")
+    return notes
+
+
+def _conversations(s: RunStats) -> str:
+    """Conversations by status, with why those that ended early did, where it is counted."""
+    return conversation_counts(s.conversations, s.end_reasons) or "0"
+
+
+def _invalid(s: RunStats) -> str:
+    j = s.judgement
+    if not s.invalid_rows:
+        return "0"
+    first = "; ".join(j.invalid_reasons) if j is not None else ""
+    return f"{s.invalid_rows:,}" + (f" (first: {first})" if first else "")
 
 
 def _tokens_cost(s: RunStats) -> Section:
@@ -252,7 +293,8 @@ def _budget(s: RunStats) -> Section:
                                          "other shard", "exhausted"],
                             [[d["dataset"], d.get("state", "?"), d.get("rows_read", 0),
                               d.get("rows_invalid", 0), d.get("rows_duplicate", 0),
-                              d.get("rows_other_shard", 0), d.get("exhausted", False)]
+                              d.get("rows_other_shard", 0),
+                              "yes" if d.get("exhausted") else "no"]
                              for d in s.datasets]))
     sec.tables.append(Table("Sessions", ["session", "host", "pid", "started", "ended", "state",
                                          "stop reason"],

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from ..display import UNKNOWN_PROVIDER
+from ..judgement import judge
 from ..queries import conversation_shapes, quarantine_details
 
 TIME_BUCKETS = 40
@@ -45,6 +46,7 @@ class RunStats:
     totals: dict[str, Any] = field(default_factory=dict)
     # dataset -> turns per conversation, early ends, samples by weakest tool-result match
     shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    judgement: Any = None  # specgen.judgement.Judgement: the run's yield over every session
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -195,6 +197,7 @@ def collect(store) -> RunStats:
     )
     stats.totals = _totals(stats)
     stats.shapes = conversation_shapes(store)
+    stats.judgement = judge(store)
     return stats
 
 

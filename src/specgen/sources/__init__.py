@@ -119,7 +119,10 @@ def _row(rec: Record, fmt: str, native: bool) -> Row:
     try:
         conv = row_to_conversation(rec.value, fmt, native_ids=native, key=rec.key)
     except FormatError as exc:
-        return Row(rec.index, error=RowError(rec.file, rec.line, f"{_where(rec)}{fmt}: {exc}"))
+        from .hints import format_hint
+
+        return Row(rec.index, error=RowError(rec.file, rec.line, f"{_where(rec)}{fmt}: {exc}"
+                                             + format_hint(rec.value, fmt)))
     return Row(rec.index, conversation=conv)
 
 

@@ -80,7 +80,10 @@ def iter_records(path: Path, start: int = 0, split: str | None = None) -> Iterat
     """Raw records of `path` from row index `start` on (earlier rows skipped cheaply)."""
     offset = 0
     for file in data_files(path, split):
-        reader = _READERS[_kind(file)](file, max(0, start - offset), split if path.is_file() else None)
+        kind = _kind(file)
+        if kind is None:
+            raise SourceError(unsupported_file(file))
+        reader = _READERS[kind](file, max(0, start - offset), split if path.is_file() else None)
         n_rows = yield from _shifted(reader, offset)
         offset += n_rows
 
@@ -141,7 +144,7 @@ def _read_jsonl(file: Path, start: int, _split: str | None) -> Generator[Record,
             try:
                 value = jsonexact.loads(raw)
             except orjson.JSONDecodeError as exc:
-                yield Record(lineno - 1, name, lineno, error=f"invalid JSON: {exc}")
+                yield Record(lineno - 1, name, lineno, error=_json_error(exc, lineno))
                 continue
             yield Record(lineno - 1, name, lineno, value=value)
     return lineno
@@ -256,6 +259,41 @@ def _arrow_batches(file: Path):
 
 _READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet,
             "arrow": _read_arrow}
+
+
+def _json_error(exc: ValueError, lineno: int) -> str:
+    """An invalid JSONL line's reason: where in the file line, not "line 1" of the row."""
+    msg, col = getattr(exc, "msg", None), getattr(exc, "colno", None)
+    if msg is None or col is None:
+        return f"invalid JSON: {exc}"
+    return f"invalid JSON at line {lineno}, column {col}: {msg}"
+
+
+def cannot_read(path: Path | str, exc: BaseException, dataset: str | None = None) -> str:
+    """"cannot read PATH: why", without PATH (or the dataset) twice when the reason already
+    starts with it (a SourceError names its file or dataset)."""
+    why = str(exc) or type(exc).__name__
+    for prefix in (f"dataset {dataset!r} ({path}): ", f"{path}: ", f"{Path(path).name}: "):
+        if why.startswith(prefix):
+            why = why[len(prefix):]
+            break
+    return f"cannot read {path}: {why}"
+
+
+def unsupported_file(file: Path) -> str:
+    """Why a data file is not read: its kind, and the kinds that are."""
+    ext = "".join(file.suffixes[-2:]).lower() or "(no extension)"
+    return (f"{file}: {ext} is not a dataset file specgen reads (it reads .jsonl/.ndjson, "
+            ".json, either optionally .gz, .parquet, .arrow, or a directory of them; a CSV "
+            "holds no conversation structure: convert it to JSONL rows with a `messages` "
+            "list or a `prompt` column, docs/datasets.md)")
+
+
+def check_readable(path: Path) -> str | None:
+    """None when `path` is a data file or directory specgen reads, else the reason."""
+    if path.is_file() and _kind(path) is None:
+        return unsupported_file(path)
+    return None
 
 
 # -- helpers -------------------------------------------------------------------------------
