@@ -606,12 +606,22 @@ class StreamParser:
     def _duplicates(self) -> list[tuple[str, int, int]]:
         """(field, offset, length) of the text each repeated event added to its field: the
         piece it appended repeats the end of the piece before it in the same field (that
-        piece may hold a whole run of events, the repeated one last)."""
+        piece may hold a whole run of events, the repeated one last). One pass over each
+        field's pieces: a run of repeated events costs its length, not its square."""
         out = []
+        dups = self._dups or ()
         for field, pieces in (("content", self._content), ("reasoning", self._reasoning)):
-            for noted, k in self._dups or ():
-                if noted == field and 0 < k < len(pieces) and pieces[k - 1].endswith(pieces[k]):
-                    out.append((field, sum(len(p) for p in pieces[:k]), len(pieces[k])))
+            wanted = sorted({k for noted, k in dups if noted == field and 0 < k < len(pieces)})
+            if not wanted:
+                continue
+            offset, at = 0, 0  # the text before pieces[at]
+            for k in wanted:
+                while at < k:
+                    offset += len(pieces[at])
+                    at += 1
+                piece = pieces[k]
+                if pieces[k - 1].endswith(piece):
+                    out.append((field, offset, len(piece)))
         return out
 
     def failure(self) -> ApiError:

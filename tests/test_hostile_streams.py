@@ -1,0 +1,116 @@
+"""Hostile streams cost linear time: a repetition loop of N byte-identical events (a model stuck
+until max_tokens) costs the same CPU per token at 1k, 8k and 64k tokens — in the parser alone
+(duplicate bookkeeping, the witness's candidates) and in a real `specgen run` against a small
+HTTP server (bench/hostile.py's), one event per write and many per write. The bounds compare
+ratios (quadratic code gives ×8 per ×8 in length), never absolute times."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specgen.client.parse import StreamParser
+from specgen.quality.repairs import dedup_candidates
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    name = "specgen_bench_hostile"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "hostile.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def parse_loop(n: int, per_feed: int) -> tuple[float, object]:
+    """CPU seconds to parse an n-event loop fed `per_feed` events at a time, and its answer's
+    witness candidates."""
+    rep, end, first = _bench().answer_events(n)
+    p = StreamParser()
+    t0 = time.process_time()
+    p.feed(first)
+    block = rep * per_feed
+    left = n
+    while left > 0:
+        k = min(per_feed, left)
+        p.feed(block if k == per_feed else rep * k)
+        left -= k
+    p.feed(end)
+    resp = p.finish()
+    cands = dedup_candidates(resp)
+    return time.process_time() - t0, (resp, cands)
+
+
+@pytest.mark.parametrize("per_feed", [1, 256])
+def test_parser_and_candidates_cost_linear_time_on_a_repetition_loop(per_feed):
+    per_token = {}
+    for n in (1000, 8000, 64000):
+        cpu = min(parse_loop(n, per_feed)[0] for _ in range(3 if n < 64000 else 1))
+        per_token[n] = cpu / n
+    _, (resp, cands) = parse_loop(8000, per_feed)
+    assert resp.content == " the" * 8000
+    assert len(resp.duplicates) == 7999 and resp.duplicates[-1] == ("content", 4 * 7999, 4)
+    # one event out (a retransmission) and every repeat out (a doubling relay): two
+    # candidates, not one per repeated event
+    assert [c.content for c in cands] == [" the" * 7999, " the"]
+    assert per_token[64000] < 3 * max(per_token[8000], per_token[1000]), per_token
+
+
+def test_a_doubling_relay_is_one_candidate_and_single_repeats_each_their_own():
+    p = StreamParser()
+    rep = _bench()
+    for word in ("a", "b", "c", "d") * 5:
+        ev = rep.answer_events(1, piece=" " + word + str(len(word)))[0]
+        p.feed(ev + ev)  # every event doubled
+    p.feed(rep.answer_events(0)[1])
+    resp = p.finish()
+    assert len(resp.duplicates) == 20
+    cands = dedup_candidates(resp)
+    # 20 runs of one repeat each: more than MAX_DEDUP_SINGLES, so the doubled text out at once
+    assert [c.content for c in cands] == [" a1 b1 c1 d1" * 5]
+    p = StreamParser()
+    for i, word in enumerate(("x", "y", "z")):
+        ev = rep.answer_events(1, piece=f" {word}")[0]
+        p.feed(ev + ev if i != 1 else ev)
+    p.feed(rep.answer_events(0)[1])
+    cands = dedup_candidates(p.finish())
+    assert [c.content for c in cands] == [" x y z z", " x x y z", " x y z"]
+
+
+def real_run_cpu(tmp: Path, sizes, per_write: int) -> dict[int, float]:
+    bench = _bench()
+    wanted = {"n": 0}
+    server, url = bench.serve(lambda body: wanted["n"], per_write=per_write,
+                              usage_for=lambda body, n: {"prompt_tokens": 16,
+                                                         "completion_tokens": n + 2})
+    out = {}
+    try:
+        for i, n in enumerate((16, *sizes)):
+            wanted["n"] = n
+            cfg = bench.write_run(tmp, url, f"w{per_write}-{i}")
+            cpu, res = bench.run_cpu(cfg)
+            assert res.returncode == 0, res.stderr[-3000:]
+            assert "1 done" in res.stdout, res.stdout
+            out[n] = cpu
+    finally:
+        server.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("per_write", [1, 256])
+def test_a_real_run_reads_a_64k_token_loop_at_the_cost_per_token_of_a_short_one(
+        tmp_path, per_write):
+    cpu = real_run_cpu(tmp_path, (8000, 64000), per_write)
+    base = cpu[16]
+    per_token = {n: max(cpu[n] - base, 1e-3) / n for n in (8000, 64000)}
+    # before: 22 s of CPU at 8k tokens, ~23 min at 64k (quadratic); now both are a few
+    # tens of µs per token
+    assert per_token[64000] < 3 * per_token[8000] + 20e-6, (cpu, per_token)
