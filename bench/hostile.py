@@ -107,7 +107,8 @@ def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop"):
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
-def write_run(tmp: Path, base_url: str, name: str, max_tokens: int = 200_000) -> Path:
+def write_run(tmp: Path, base_url: str, name: str, max_tokens: int = 200_000,
+              endpoint: str = "") -> Path:
     data = tmp / f"{name}.jsonl"
     data.write_text(json.dumps({"id": "q0", "messages": [
         {"role": "user", "content": "Say the word, again and again."}]}) + "\n")
@@ -120,6 +121,7 @@ tokenizer = "demo"
 base_url = {json.dumps(base_url)}
 api_key_env = "SPECGEN_BENCH_NO_KEY"
 max_attempts = 1
+{endpoint}
 [sampling]
 max_tokens = {max_tokens}
 [engine]

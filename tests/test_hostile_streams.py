@@ -7,6 +7,7 @@ ratios (quadratic code gives ×8 per ×8 in length), never absolute times."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import time
 from pathlib import Path
@@ -114,3 +115,50 @@ def test_a_real_run_reads_a_64k_token_loop_at_the_cost_per_token_of_a_short_one(
     # before: 22 s of CPU at 8k tokens, ~23 min at 64k (quadratic); now both are a few
     # tens of µs per token
     assert per_token[64000] < 3 * per_token[8000] + 20e-6, (cpu, per_token)
+
+
+def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are_read(
+        tmp_path):
+    import sqlite3
+
+    bench = _bench()
+    # q0 is a loop of 400k tokens (1.6 MB of text); the others are short answers
+    server, url = bench.serve(lambda body: 400_000 if "again" in str(body) else 20,
+                              per_write=512)
+    try:
+        cfg = bench.write_run(tmp_path, url, "cap",
+                              endpoint="max_answer_bytes = 100_000\nconcurrency = 8")
+        data = tmp_path / "cap.jsonl"
+        data.write_text(data.read_text() + "".join(
+            json.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"short {i}"}]})
+            + "\n"
+            for i in range(20)))
+        cpu, res = bench.run_cpu(cfg)
+    finally:
+        server.shutdown()
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "answer_too_large" in res.stdout, res.stdout
+    db = sqlite3.connect(tmp_path / "cap-dir" / "state.sqlite")
+    reasons = [r for (r,) in db.execute("SELECT reason FROM quarantine")]
+    assert reasons.count("answer_too_large") == 1
+    # the short answers were all read and judged (their made-up counts are another matter)
+    assert db.execute("SELECT COUNT(*) FROM results").fetchone()[0] + len(reasons) == 21
+    (outcome,) = db.execute("SELECT outcome FROM attempts a JOIN tasks t ON a.task=t.id "
+                            "JOIN conversations c ON t.conversation=c.id "
+                            "WHERE c.conv_id='q0'").fetchone()
+    assert outcome == "quarantined:answer_too_large"
+    # cut at the cap: the 1.6 MB loop was not read to its end
+    assert cpu < 20, cpu
+
+
+def test_max_answer_bytes_must_be_a_positive_size(tmp_path):
+    import subprocess
+
+    bench = _bench()
+    cfg = bench.write_run(tmp_path, "http://127.0.0.1:9/v1", "bad",
+                          endpoint='max_answer_bytes = -5')
+    res = subprocess.run([sys.executable, "-m", "specgen", "run", str(cfg), "--no-live"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "endpoint.max_answer_bytes must be a number of bytes > 0" in res.stderr + res.stdout
+    assert "Traceback" not in res.stderr

@@ -83,6 +83,9 @@ class EndpointConfig:
     # Streams are read in batches, every connection once per tick (milliseconds; 0 = off:
     # every read as it lands, through aiohttp). See docs/client.md, "Batched stream reads".
     stream_tick_ms: float = 200.0
+    # The most text one answer may hold (content + reasoning + tool-call arguments, UTF-8
+    # bytes): a stream is cut there and the answer quarantined `answer_too_large`.
+    max_answer_bytes: int = 4 * 1024 * 1024
 
     @property
     def is_sim(self) -> bool:
@@ -789,6 +792,9 @@ def _validate_numbers(cfg: RunConfig, where: str) -> None:
     if not ep.stream_tick_ms >= 0:
         raise ConfigError(f"{where}: endpoint.stream_tick_ms must be >= 0 (0 = off), "
                           f"got {ep.stream_tick_ms}")
+    if isinstance(ep.max_answer_bytes, bool) or not ep.max_answer_bytes > 0:
+        raise ConfigError(f"{where}: endpoint.max_answer_bytes must be a number of bytes > 0, "
+                          f"got {ep.max_answer_bytes!r}")
     if not eng.ballast_mb >= 0:
         raise ConfigError(f"{where}: engine.ballast_mb must be >= 0 (0 = none), "
                           f"got {eng.ballast_mb}")

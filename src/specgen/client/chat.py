@@ -134,6 +134,7 @@ class ChatClient:
         max_body_bytes: int = MAX_BODY,
         trust_env: bool = False,
         stream_tick: float | None = 0.2,
+        max_answer_bytes: int | None = None,
     ):
         self._balancer = Balancer(
             [base_url] if isinstance(base_url, str) else list(base_url),
@@ -161,6 +162,7 @@ class ChatClient:
         self._limit_per_host = limit_per_host
         self._keepalive = keepalive_timeout
         self._max_body = max_body_bytes
+        self._max_answer = max_answer_bytes or None  # a stream's text is cut beyond this
         self._trust_env = trust_env
         self._session: aiohttp.ClientSession | None = None
         # Streams are read by the batched reader (h1.py, ticker.py) unless the tick is off or
@@ -200,6 +202,7 @@ class ChatClient:
             total_timeout=cfg.total_timeout,
             concurrency=cfg.concurrency,
             stream_tick=cfg.stream_tick_ms / 1000,
+            max_answer_bytes=cfg.max_answer_bytes,
         )
         kwargs.update(overrides)
         return cls(urls, **kwargs)
@@ -410,7 +413,7 @@ class ChatClient:
                 return
             ctype = resp.content_type
             if ctype == "text/event-stream" or (stream and ctype != "application/json"):
-                parser = att.parser = StreamParser()
+                parser = att.parser = StreamParser(self._max_answer)
                 await self._read_stream(resp, deadline, parser)
                 result = parser.finish()
                 if token_api is not None:
@@ -450,7 +453,7 @@ class ChatClient:
                                           truncated=conn.truncated)
             ctype = resp.content_type
             if ctype != "application/json":
-                parser = att.parser = StreamParser()
+                parser = att.parser = StreamParser(self._max_answer)
                 conn.read_sse(parser)
                 await conn.end  # type: ignore[misc]
                 result = parser.finish()

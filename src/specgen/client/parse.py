@@ -195,15 +195,21 @@ class StreamParser:
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
         "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization", "_top",
-        "first_output_at",
+        "first_output_at", "max_text", "oversize", "_size", "_sized",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
     MAX_FRAMES = 4
     MAX_LEARNS = 16  # frames learnt per stream at most (a server whose chunks never repeat)
 
-    def __init__(self) -> None:
+    def __init__(self, max_text: int | None = None) -> None:
         self._buf = b""
+        # the most text (content + reasoning + tool-call arguments) the answer may hold: past
+        # it the stream ends (`done`) with `oversize` set to the size seen
+        self.max_text = max_text
+        self.oversize: int | None = None
+        self._size = 0  # the text counted so far (pieces counted: `_sized`)
+        self._sized = (0, 0)
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self.reasoning_field: str | None = None
@@ -244,6 +250,8 @@ class StreamParser:
                 self._buf = b""
                 if self.first_output_at is None:
                     self.first_output_at = time.time()
+                if self.max_text is not None:
+                    self._check_size()
                 return
         top = self._top
         events = block.split(b"\n\n")
@@ -311,6 +319,23 @@ class StreamParser:
         self._prev = prev
         if self.first_output_at is None and self.has_output:
             self.first_output_at = time.time()
+        if self.max_text is not None:
+            self._check_size()
+
+    def _check_size(self) -> None:
+        """Count the pieces added since the last read (each piece once: linear); past
+        `max_text`, end the stream as cut."""
+        content, reasoning = self._content, self._reasoning
+        nc, nr = self._sized
+        if len(content) > nc:
+            self._size += sum(map(len, content[nc:]))
+        if len(reasoning) > nr:
+            self._size += sum(map(len, reasoning[nr:]))
+        self._sized = (len(content), len(reasoning))
+        if self._size > self.max_text:  # type: ignore[operator]
+            self.oversize = self._size
+            self.done = True
+            self._buf = b""
 
     def _note_repeat(self, before: tuple[int, int]) -> None:
         """Note the field a repeated event added its piece to (`before`: the pieces of
@@ -557,8 +582,9 @@ class StreamParser:
                     acc.name += name  # a server streaming the name in pieces
             args = fn.get("arguments")
             if args:
-                acc.args.append(_arguments(args, "choices[0].delta.tool_calls[].function"
-                                                 ".arguments"))
+                args = _arguments(args, "choices[0].delta.tool_calls[].function.arguments")
+                acc.args.append(args)
+                self._size += len(args)
 
     def finish(self) -> ChatResponse:
         """The response after the body ended (at [DONE] or EOF); raises for a failed stream."""
@@ -601,6 +627,7 @@ class StreamParser:
             stop_reason=self.stop_reason if isinstance(self.stop_reason, int | str)
             and not isinstance(self.stop_reason, bool) else None,
             duplicates=self._duplicates() if self._dups else [],
+            oversize=self.oversize,
         )
 
     def _duplicates(self) -> list[tuple[str, int, int]]:
