@@ -13,6 +13,7 @@ import orjson
 
 from .retry import retry_after_from_headers
 from .types import ApiError, ErrorClass
+from .usage import clean_usage as _clean_usage
 
 MAX_TEXT = 300  # characters of any server-provided text kept in a message
 
@@ -168,7 +169,7 @@ def error_from_response(
         retry_after=retry_after,
         provider=provider,
         body=err_obj,
-        usage=usage if isinstance(usage, dict) else None,
+        usage=_clean_usage(usage)[0] or None,
         code=code,
     )
 

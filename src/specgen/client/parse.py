@@ -19,6 +19,7 @@ import orjson
 from . import frames as _frames
 from .errors import describe_error, snippet
 from .types import ApiError, ChatResponse, RawToolCall
+from .usage import clean_usage
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -89,7 +90,7 @@ def _failure(kind: str, err: Any, usage: Any, provider: str | None) -> ApiError:
         message,
         provider=err_provider or provider,
         body=err if isinstance(err, dict | str) else None,
-        usage=usage if isinstance(usage, dict) else None,
+        usage=clean_usage(usage)[0] or None,
         code=err.get("code") if isinstance(err, dict) else None,
     )
 
@@ -105,7 +106,7 @@ def parse_completion(data: bytes) -> ChatResponse:
     if not isinstance(obj, dict):
         raise _invalid(f"response body must be a JSON object, got {type(obj).__name__}")
     provider = _opt_str(obj.get("provider"))
-    usage = obj.get("usage")
+    usage, usage_warnings = clean_usage(obj.get("usage"))
     if obj.get("error"):
         raise _failure("error_in_body", obj["error"], usage, provider)
     choices = obj.get("choices")
@@ -146,8 +147,6 @@ def parse_completion(data: bytes) -> ChatResponse:
                 name=name,
                 arguments=_arguments(fn.get("arguments"), f"{where}.function.arguments"),
             ))
-    if usage is not None and not isinstance(usage, dict):
-        raise _invalid("usage must be an object")
     prompt_ids = obj.get("prompt_token_ids")
     if prompt_ids is None:
         prompt_ids = choice.get("prompt_token_ids")
@@ -163,12 +162,13 @@ def parse_completion(data: bytes) -> ChatResponse:
         quantization=_opt_str(obj.get("quantization")),
         model=_opt_str(obj.get("model")),
         id=_opt_str(obj.get("id")),
-        usage=usage or {},
+        usage=usage,
         prompt_token_ids=None if prompt_ids is None
         else _ids(prompt_ids, "prompt_token_ids").tolist(),
         completion_token_ids=None if completion_ids is None
         else _ids(completion_ids, "choices[0].token_ids").tolist(),
         stream=False,
+        usage_warnings=usage_warnings,
     )
 
 
@@ -195,7 +195,7 @@ class StreamParser:
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
         "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization", "_top",
-        "first_output_at", "max_text", "oversize", "_size", "_sized",
+        "first_output_at", "usage_warnings", "max_text", "oversize", "_size", "_sized",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
@@ -223,6 +223,7 @@ class StreamParser:
         self.model: str | None = None
         self.id: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.usage_warnings: list[str] = []  # what clean_usage left out of the last usage
         self._prompt_ids: array | None = None
         self._completion_ids: array | None = None
         self._seen_choices = False
@@ -472,9 +473,7 @@ class StreamParser:
                 self.error = err
             value = get("usage")
             if value:
-                if value.__class__ is not dict:
-                    raise _invalid("usage must be an object")
-                self.usage = value
+                self.usage, self.usage_warnings = clean_usage(value)
             choices = get("choices")
             if not choices:
                 continue
@@ -628,6 +627,7 @@ class StreamParser:
             and not isinstance(self.stop_reason, bool) else None,
             duplicates=self._duplicates() if self._dups else [],
             oversize=self.oversize,
+            usage_warnings=self.usage_warnings,
         )
 
     def _duplicates(self) -> list[tuple[str, int, int]]:
