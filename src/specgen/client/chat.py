@@ -407,7 +407,8 @@ class ChatClient:
             att.healthy = True
             if not 200 <= status < 300:
                 body, truncated = await self._read(resp, deadline, ERROR_BODY_CAP, True)
-                raise error_from_response(status, resp.headers, body, truncated=truncated)
+                raise error_from_response(status, resp.headers, body, truncated=truncated,
+                                          redact=self._redact)
             if path is not None:
                 att.result = self._parse_json((await self._read(resp, deadline))[0])
                 return
@@ -450,7 +451,7 @@ class ChatClient:
                 await conn.end  # type: ignore[misc]
                 body = b"".join(conn.body)
                 raise error_from_response(status, resp.headers, body[:ERROR_BODY_CAP],
-                                          truncated=conn.truncated)
+                                          truncated=conn.truncated, redact=self._redact)
             ctype = resp.content_type
             if ctype != "application/json":
                 parser = att.parser = StreamParser(self._max_answer)

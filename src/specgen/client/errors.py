@@ -131,16 +131,23 @@ def describe_error(err: Any) -> tuple[str, str | None]:
 
 
 def error_from_response(
-    status: int, headers: Mapping[str, str], body: bytes, *, truncated: bool = False
+    status: int, headers: Mapping[str, str], body: bytes, *, truncated: bool = False,
+    redact: Redactor | None = None,
 ) -> ApiError:
-    """The ApiError for a non-2xx response with (the first part of) its body."""
+    """The ApiError for a non-2xx response with (the first part of) its body. With `redact`,
+    the key is masked in the body, its parsed fields and the headers before anything is cut
+    to a snippet (a cut key is no longer the key, and would leak most of it)."""
     retry_after = retry_after_from_headers(headers)
+    if redact is not None:
+        body = redact.data(body)
     parsed: Any = None
     if not truncated:
         try:
             parsed = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
             parsed = None
+        if redact is not None:
+            parsed = redact.obj(parsed)  # a key written with JSON escapes
     err_obj: Any = parsed.get("error") if isinstance(parsed, dict) else None
     provider = None
     code = None
@@ -160,7 +167,10 @@ def error_from_response(
     if provider is None and isinstance(parsed, dict) and isinstance(parsed.get("provider"), str):
         provider = parsed["provider"]
     if status in (301, 302, 303, 307, 308):
-        message = f"unexpected redirect to {snippet(headers.get('Location', '?'), 120)}"
+        location = headers.get("Location", "?")
+        if redact is not None:
+            location = redact.text(location)
+        message = f"unexpected redirect to {snippet(location, 120)}"
     usage = parsed.get("usage") if isinstance(parsed, dict) else None
     return ApiError(
         kind,
@@ -175,31 +185,74 @@ def error_from_response(
 
 
 class Redactor:
-    """Replaces the API key wherever it could leak: messages, bodies, response fields."""
+    """Replaces the API key wherever it could leak: messages, bodies, response fields.
 
-    __slots__ = ("_key",)
+    Text is masked before it is cut (`error_from_response`); for text cut elsewhere (a
+    stream's error chunk described by the parser), the start of the key left just before a
+    cut — `…`, or the end of the text — is masked too (`PARTIAL` characters or more)."""
+
+    __slots__ = ("_key", "_bkey")
 
     MASK = "[REDACTED]"
+    PARTIAL = 4  # a key's first characters this long or longer, at a cut, are masked
 
     def __init__(self, key: str | None):
         self._key = key or None
+        self._bkey = key.encode() if key else None
 
     def __repr__(self) -> str:
         return "Redactor(<key hidden>)" if self._key else "Redactor(no key)"
 
-    def text(self, value: str) -> str:
+    def _cut_prefix(self, value: str, end: int) -> int:
+        """The start of the longest key prefix (>= PARTIAL) that ends at `end`, else -1."""
         key = self._key
-        if key and key in value:
-            return value.replace(key, self.MASK)
+        assert key is not None
+        for n in range(min(len(key) - 1, end), self.PARTIAL - 1, -1):
+            if value.startswith(key[:n], end - n):
+                return end - n
+        return -1
+
+    def text(self, value: str, cut: bool = False) -> str:
+        """`value` with the key masked; `cut`: text that may have been cut short (error
+        messages), where the key's start before a cut is masked too."""
+        key = self._key
+        if not key:
+            return value
+        if key in value:
+            value = value.replace(key, self.MASK)
+        if not cut or key[: self.PARTIAL] not in value:
+            return value
+        # a cut key: at each "…" and at the end
+        ends, at = [], value.find("…")
+        while at >= 0:
+            ends.append(at)
+            at = value.find("…", at + 1)
+        ends.append(len(value))
+        for end in reversed(ends):
+            start = self._cut_prefix(value, end)
+            if start >= 0:
+                value = value[:start] + self.MASK + value[end:]
         return value
 
-    def obj(self, value: Any) -> Any:
+    def data(self, value: bytes) -> bytes:
+        """Raw bytes (an error body, maybe cut at a cap) with the key masked, a cut one too."""
+        bkey = self._bkey
+        if not bkey or not value:
+            return value
+        if bkey in value:
+            value = value.replace(bkey, self.MASK.encode())
+        if bkey[: self.PARTIAL] in value[-len(bkey):]:
+            text = value.decode("utf-8", "surrogateescape")
+            value = self.text(text, cut=True).encode("utf-8", "surrogateescape")
+        return value
+
+    def obj(self, value: Any, cut: bool = False) -> Any:
         """A JSON-like value with the key masked (round-trips through JSON only when needed)."""
         key = self._key
         if not key or value is None:
             return value
         if isinstance(value, str):
-            return self.text(value)
+            return self.text(value, cut)
         try:
             dumped = orjson.dumps(value, default=str).decode()
         except TypeError:
@@ -210,9 +263,9 @@ class Redactor:
 
     def error(self, err: ApiError) -> ApiError:
         if self._key:
-            err.message = self.text(err.message)
+            err.message = self.text(err.message, cut=True)
             err.args = (err.message,)
-            err.body = self.obj(err.body)
+            err.body = self.obj(err.body, cut=True)
             err.usage = self.obj(err.usage) or {}
             for name in ("provider", "model", "generation_id"):
                 value = getattr(err, name)
