@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
@@ -633,8 +633,15 @@ def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
 SECRET_PARAMS = {
     "key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "auth_token",
     "secret", "client_secret", "password", "passwd", "pwd", "sig", "signature", "bearer",
+    "credential", "credentials", "cred", "creds", "authorization", "session",
 }
-SECRET_PARAM_ENDINGS = ("_key", "-key", "apikey", "token", "secret", "password")
+SECRET_PARAM_ENDINGS = ("_key", "-key", "apikey", "token", "secret", "password", "credential",
+                        "credentials")
+# A path segment that looks like a key: a known key prefix, or a long token of letters and
+# digits (an API key pasted into the path, `/sk-or-v1-…/v1`).
+SECRET_SEGMENT = re.compile(r"(?:sk|pk|rk)[-_].{8,}|(?:ghp|gho|ghs|hf|xox[abprs])_.{8,}"
+                            r"|AKIA[0-9A-Z]{12,}|Bearer.*", re.IGNORECASE)
+LONG_TOKEN = re.compile(r"[A-Za-z0-9_\-]{32,}")
 CACHE_HEADER_PREFIX = "x-openrouter-cache"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -647,13 +654,35 @@ def _secret_param(name: str) -> bool:
 def _redact_params(text: str) -> tuple[str, bool]:
     """`a=1&key=s3cret` -> (`a=1&key=***`, True): the values of secret-like parameters hidden."""
     parts, found = [], False
-    for part in text.split("&"):
+    for part in re.split(r"([&;])", text):
         name, eq, _value = part.partition("=")
-        if _secret_param(name):
+        if part not in ("&", ";") and _secret_param(name):
             found = True
             part = f"{name}{eq}***"
         parts.append(part)
-    return "&".join(parts), found
+    return "".join(parts), found
+
+
+def _secret_segment(segment: str) -> bool:
+    s = unquote(segment)
+    if SECRET_SEGMENT.fullmatch(s):
+        return True
+    return bool(LONG_TOKEN.fullmatch(s)) and any(c.isdigit() for c in s) and any(
+        c.isalpha() for c in s)
+
+
+def _redact_path(path: str) -> tuple[str, bool]:
+    """The path with key-like segments and secret `;name=value` parameters hidden."""
+    out, found = [], False
+    for segment in path.split("/"):
+        head, semi, params = segment.partition(";")
+        if _secret_segment(head):
+            head, found = "***", True
+        if semi:
+            params, p_found = _redact_params(params)
+            found = found or p_found
+        out.append(head + semi + params)
+    return "/".join(out), found
 
 
 def redact_url(url: str) -> tuple[str, bool]:
@@ -668,12 +697,13 @@ def redact_url(url: str) -> tuple[str, bool]:
     if "@" in netloc:
         netloc = "***@" + netloc.rpartition("@")[2]
         found = True
+    path, p_found = _redact_path(parts.path)
     query, q_found = _redact_params(parts.query) if parts.query else ("", False)
     fragment, f_found = _redact_params(parts.fragment) if parts.fragment else ("", False)
-    found = found or q_found or f_found
+    found = found or p_found or q_found or f_found
     if not found:
         return url, False
-    out = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else f"{netloc}{parts.path}"
+    out = f"{parts.scheme}://{netloc}{path}" if parts.scheme else f"{netloc}{path}"
     if parts.query:
         out += "?" + query
     if parts.fragment:
@@ -688,8 +718,8 @@ def _check_url_secrets(url: str, key: str, api_key_env: str | None, where: str) 
     env = api_key_env.strip() if api_key_env else ""
     named = f" ({env})" if ENV_NAME.fullmatch(env) else ""  # never echo a pasted key
     raise ConfigError(
-        f"{where}: {key} {shown!r} carries credentials (a user:password@ part or a key-like "
-        "query parameter); secrets do not belong in the config file (it is copied into the "
+        f"{where}: {key} {shown!r} carries credentials (a user:password@ part, a key-like "
+        "path segment, or a key-like query or ;parameter); secrets do not belong in the config file (it is copied into the "
         "run store and its errors into logs): remove them from the URL and put the key in "
         f"the environment variable named by endpoint.api_key_env{named}"
     )
