@@ -41,9 +41,11 @@ def event(obj: dict) -> bytes:
 
 
 def answer_events(tokens: int, *, piece: str = PIECE, usage: dict | None = None,
-                  finish: str = "stop", provider: str = "Loop") -> tuple[bytes, bytes, bytes]:
-    """(the repeated event, the ending, the first event) of an N-token repetition loop."""
-    head = {"id": "gen-loop", "provider": provider, "model": MODEL,
+                  finish: str = "stop", provider: object = "Loop", model: object = MODEL,
+                  extra: dict | None = None) -> tuple[bytes, bytes, bytes]:
+    """(the repeated event, the ending, the first event) of an N-token repetition loop
+    (`extra`: more top-level fields of every chunk)."""
+    head = {"id": "gen-loop", "provider": provider, "model": model, **(extra or {}),
             "object": "chat.completion.chunk", "created": 1}
     first = event({**head, "choices": [{"index": 0, "delta": {"role": "assistant",
                                                                "content": ""},
@@ -59,10 +61,11 @@ def answer_events(tokens: int, *, piece: str = PIECE, usage: dict | None = None,
     return rep, end, first
 
 
-def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop"):
+def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop", **head):
     """A threaded HTTP server on 127.0.0.1 answering every chat request with a repetition
     loop of `tokens_for(body)` tokens, `per_write` events per socket write; returns
-    (server, base_url). `usage_for(body, tokens)` may replace the usage object."""
+    (server, base_url). `usage_for(body, tokens)` may replace the usage object; `head`:
+    `provider`, `model`, `extra` of `answer_events`."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -83,7 +86,7 @@ def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop"):
             body = json.loads(self.rfile.read(n) or b"{}")
             tokens = tokens_for(body)
             usage = usage_for(body, tokens) if usage_for else None
-            rep, end, first = answer_events(tokens, usage=usage, finish=finish)
+            rep, end, first = answer_events(tokens, usage=usage, finish=finish, **head)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")

@@ -74,6 +74,14 @@ def _opt_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _model(value: Any) -> str | None:
+    """The answer's `model`: a string as sent; any other value but null as its JSON text
+    (`123` -> "123"), so the model check sees it and refuses it instead of skipping it."""
+    if value is None or isinstance(value, str):
+        return value
+    return orjson.dumps(value, default=str).decode()
+
+
 def _dict(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -160,7 +168,7 @@ def parse_completion(data: bytes) -> ChatResponse:
         native_finish_reason=_opt_str(choice.get("native_finish_reason")),
         provider=provider,
         quantization=_opt_str(obj.get("quantization")),
-        model=_opt_str(obj.get("model")),
+        model=_model(obj.get("model")),
         id=_opt_str(obj.get("id")),
         usage=usage,
         prompt_token_ids=None if prompt_ids is None
@@ -455,7 +463,7 @@ class StreamParser:
                 value = get("id")
                 if value is not None:
                     self.id = _opt_str(value)
-                    self.model = _opt_str(get("model"))
+                    self.model = _model(get("model"))
                     head = False
             if provider:
                 value = get("provider")

@@ -22,7 +22,7 @@ import orjson
 from yarl import URL
 
 from .errors import snippet
-from .parse import _failure, _ids, _invalid, _opt_str
+from .parse import _failure, _ids, _invalid, _model, _opt_str
 from .types import ChatResponse
 from .usage import clean_usage
 
@@ -72,7 +72,7 @@ def _vllm(obj: dict[str, Any]) -> ChatResponse:
     return ChatResponse(
         content=None, reasoning=None, reasoning_field=None, tool_calls=[],
         finish_reason=finish, native_finish_reason=None, provider=None,
-        model=_opt_str(obj.get("model")), id=_opt_str(obj.get("id")), usage=usage,
+        model=_model(obj.get("model")), id=_opt_str(obj.get("id")), usage=usage,
         usage_warnings=usage_warnings,
         prompt_token_ids=None if prompt is None else _ids(prompt, "prompt_token_ids").tolist(),
         completion_token_ids=_ids(ids, "choices[0].token_ids").tolist(),
