@@ -61,11 +61,13 @@ def answer_events(tokens: int, *, piece: str = PIECE, usage: dict | None = None,
     return rep, end, first
 
 
-def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop", **head):
+def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop",
+          endpoints: list | None = None, **head):
     """A threaded HTTP server on 127.0.0.1 answering every chat request with a repetition
     loop of `tokens_for(body)` tokens, `per_write` events per socket write; returns
     (server, base_url). `usage_for(body, tokens)` may replace the usage object; `head`:
-    `provider`, `model`, `extra` of `answer_events`."""
+    `provider`, `model`, `extra` of `answer_events`; `endpoints`: the endpoint list served at
+    GET .../endpoints."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -74,7 +76,7 @@ def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop", 
             pass
 
         def do_GET(self):  # noqa: N802
-            body = b'{"data": []}'
+            body = json.dumps({"data": {"endpoints": endpoints or []}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -83,3 +83,27 @@ def test_a_model_that_is_not_a_string_is_rejected_in_a_real_run(tmp_path):
     assert db.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 0
     assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome='rejected:wrong_model'"
                       ).fetchone()[0] > 0
+
+
+LISTED = [{"provider_name": "Loop", "tag": "loop/fp8", "quantization": "fp8",
+           "pricing": {"prompt": "0.0000005", "completion": "0.000002"}},
+          {"provider_name": "Other", "tag": "other/fp4", "quantization": "fp4",
+           "pricing": {"prompt": "0.0000005", "completion": "0.000002"}}]
+POLICY = 'fetch_endpoints = true\n[endpoint.provider]\nquantizations = ["fp8"]'
+
+
+@pytest.mark.parametrize("head", [{"provider": ""}, {"provider": None}, {"provider": ["Loop"]},
+                                  {"provider": "Loop", "extra": {"quantization": 123}}])
+def test_an_unnamed_provider_or_odd_quantization_fails_the_quantization_policy(tmp_path, head):
+    res, db = hostile_run(tmp_path, endpoint=POLICY, endpoints=LISTED, **head)
+    assert "Traceback" not in res.stderr
+    assert db.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 0, res.stderr[-2000:]
+    outcomes = {o for (o,) in db.execute("SELECT outcome FROM attempts")}
+    assert outcomes and all(o.startswith("rejected:quantization:") for o in outcomes), outcomes
+
+
+def test_a_named_listed_provider_at_an_allowed_quantization_is_kept(tmp_path):
+    res, db = hostile_run(tmp_path, endpoint=POLICY, endpoints=LISTED, provider="Loop",
+                          extra={"quantization": "fp8"})
+    assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome LIKE 'rejected:%'"
+                      ).fetchone()[0] == 0, res.stderr[-2000:]

@@ -75,8 +75,9 @@ def _opt_str(value: Any) -> str | None:
 
 
 def _model(value: Any) -> str | None:
-    """The answer's `model`: a string as sent; any other value but null as its JSON text
-    (`123` -> "123"), so the model check sees it and refuses it instead of skipping it."""
+    """The answer's `model` (or revealed `quantization`): a string as sent; any other value
+    but null as its JSON text (`123` -> "123"), so the check sees it and refuses it instead
+    of skipping it."""
     if value is None or isinstance(value, str):
         return value
     return orjson.dumps(value, default=str).decode()
@@ -167,7 +168,7 @@ def parse_completion(data: bytes) -> ChatResponse:
         finish_reason=finish,
         native_finish_reason=_opt_str(choice.get("native_finish_reason")),
         provider=provider,
-        quantization=_opt_str(obj.get("quantization")),
+        quantization=_model(obj.get("quantization")),
         model=_model(obj.get("model")),
         id=_opt_str(obj.get("id")),
         usage=usage,
@@ -470,7 +471,7 @@ class StreamParser:
                 if value:
                     self.provider = _opt_str(value)
                     provider = self.provider is None
-                    self.quantization = _opt_str(get("quantization"))
+                    self.quantization = _model(get("quantization"))
             if want_pids:
                 value = get("prompt_token_ids")
                 if value is not None:
