@@ -45,7 +45,8 @@ class Limits:
         """What a failed attempt tells the endpoint's health and the concurrency limits."""
         kind = err.kind
         note = self.health.on_failure(kind, job.task_id, str(err)[:300],
-                                      responded=err.status is not None, probe=job.probe)
+                                      responded=err.status is not None, probe=job.probe,
+                                      phase=err.timeout_phase)
         if note:
             self._endpoint_note(err.provider, note)
         if kind == "in_flight_budget":
