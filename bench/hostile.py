@@ -62,12 +62,12 @@ def answer_events(tokens: int, *, piece: str = PIECE, usage: dict | None = None,
 
 
 def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop",
-          endpoints: list | None = None, **head):
+          endpoints: list | None = None, doubled: bool = False, **head):
     """A threaded HTTP server on 127.0.0.1 answering every chat request with a repetition
     loop of `tokens_for(body)` tokens, `per_write` events per socket write; returns
     (server, base_url). `usage_for(body, tokens)` may replace the usage object; `head`:
     `provider`, `model`, `extra` of `answer_events`; `endpoints`: the endpoint list served at
-    GET .../endpoints."""
+    GET .../endpoints; `doubled`: distinct pieces instead, every event sent twice."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -89,6 +89,18 @@ def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop",
             tokens = tokens_for(body)
             usage = usage_for(body, tokens) if usage_for else None
             rep, end, first = answer_events(tokens, usage=usage, finish=finish, **head)
+            if doubled:  # distinct words, every event sent twice (a doubling relay)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                out = [first]
+                for i in range(tokens):
+                    ev = answer_events(1, piece=f" w{i}", **head)[0]
+                    out += [ev, ev]
+                self.wfile.write(b"".join(out) + end)
+                self.close_connection = True
+                return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")

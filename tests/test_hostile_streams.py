@@ -162,3 +162,19 @@ def test_max_answer_bytes_must_be_a_positive_size(tmp_path):
     assert res.returncode == 2
     assert "endpoint.max_answer_bytes must be a number of bytes > 0" in res.stderr + res.stdout
     assert "Traceback" not in res.stderr
+
+
+def test_a_relay_doubling_every_event_without_counts_is_quarantined_not_exported(tmp_path):
+    import sqlite3
+
+    bench = _bench()
+    server, url = bench.serve(lambda body: 30, doubled=True, usage_for=lambda body, n: {})
+    try:
+        cfg = bench.write_run(tmp_path, url, "dbl", max_tokens=200)
+        _, res = bench.run_cpu(cfg)
+    finally:
+        server.shutdown()
+    assert res.returncode == 0, res.stderr[-3000:]
+    db = sqlite3.connect(tmp_path / "dbl-dir" / "state.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 0
+    assert [r for (r,) in db.execute("SELECT reason FROM quarantine")] == ["repeated_events"]
