@@ -44,7 +44,8 @@ def handle(args: argparse.Namespace) -> int:
         if not excluded:
             print(f"{run_dir}: no provider is excluded")
         for name, info in excluded.items():
-            print(f"{name}: excluded ({info.get('by', '?')}) — {info.get('reason', '')}")
+            print(f"{shown(name)}: excluded ({info.get('by', '?')}) — "
+                  f"{shown(str(info.get('reason', '')))}")
         return 0
     action, name = ("exclude", args.exclude) if args.exclude else ("allow", args.allow)
     name = name.strip()
