@@ -462,6 +462,12 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
                 raise ConfigError(f"{label}: {key} must be positive, got {value}")
         if ds.weight is not None and not ds.weight > 0:
             raise ConfigError(f"{label}: weight must be > 0, got {ds.weight}")
+        worst = cfg.max_tokens_for(ds)
+        if ds.token_budget and isinstance(worst, int) and ds.token_budget < worst:
+            raise ConfigError(
+                f"{label}: token_budget {ds.token_budget} is smaller than one request's worst "
+                f"case (max_tokens {worst}): a request in flight is counted at its max_tokens, "
+                "so nothing would ever be sent; raise token_budget or lower max_tokens")
         _check_dataset_sampling(ds, label)
     return cfg
 
