@@ -63,12 +63,14 @@ def answer_events(tokens: int, *, piece: str = PIECE, usage: dict | None = None,
 
 
 def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop",
-          endpoints: list | None = None, doubled: bool = False, **head):
+          endpoints: list | None = None, doubled: bool = False, distinct: bool = False,
+          **head):
     """A threaded HTTP server on 127.0.0.1 answering every chat request with a repetition
     loop of `tokens_for(body)` tokens, `per_write` events per socket write; returns
     (server, base_url). `usage_for(body, tokens)` may replace the usage object; `head`:
     `provider`, `model`, `extra` of `answer_events`; `endpoints`: the endpoint list served at
-    GET .../endpoints; `doubled`: distinct pieces instead, every event sent twice."""
+    GET .../endpoints; `distinct`: distinct pieces instead of one repeated (`doubled`: each
+    event sent twice)."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -90,7 +92,7 @@ def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop",
             tokens = tokens_for(body)
             usage = usage_for(body, tokens) if usage_for else None
             rep, end, first = answer_events(tokens, usage=usage, finish=finish, **head)
-            if doubled:  # distinct words, every event sent twice (a doubling relay)
+            if doubled or distinct:  # distinct words (each sent twice: a doubling relay)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
@@ -98,7 +100,7 @@ def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop",
                 out = [first]
                 for i in range(tokens):
                     ev = answer_events(1, piece=f" w{i}", **head)[0]
-                    out += [ev, ev]
+                    out += [ev, ev] if doubled else [ev]
                 self.wfile.write(b"".join(out) + end)
                 self.close_connection = True
                 return

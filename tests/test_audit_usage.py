@@ -32,7 +32,7 @@ def _bench():
 def run_with_usage(tmp: Path, usage, rows: int, endpoint: str = "", dataset: str = "",
                    max_tokens: int = 100):
     bench = _bench()
-    server, url = bench.serve(lambda body: 20, per_write=8,
+    server, url = bench.serve(lambda body: 20, per_write=8, distinct=True,
                               usage_for=lambda body, n: usage)
     try:
         cfg = bench.write_run(tmp, url, "u", max_tokens=max_tokens, endpoint=endpoint)
