@@ -133,7 +133,7 @@ def test_missing_file_and_bad_toml(tmp_path):
 def test_result_hashes_ignore_what_does_not_change_results(tmp_path):
     a = cfg_of(tmp_path)
     more = BASE.replace('base_url = "sim"', 'base_url = "sim"\nconcurrency = 7\n'
-                        'provider = {ignore = ["x"]}') + "limit = 3\ntoken_budget = 9\n" \
+                        'provider = {ignore = ["x"]}') + "limit = 3\ntoken_budget = 9_000_000\n" \
         "[budget]\nmax_cost_usd = 1.0\n[engine]\ndrain_timeout = 1\n"
     b = cfg_of(tmp_path, more)
     assert a.result_hash() == b.result_hash()

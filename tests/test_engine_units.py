@@ -137,7 +137,9 @@ def test_policy_rejects_outside_answers():
     assert pol.rejection("DeepInfra") == "quantization:fp4"
     assert pol.rejection("Fireworks") is None  # one of its endpoints (fp8) is allowed
     assert pol.rejection("Unlisted") == "quantization:unknown"
-    assert pol.rejection(None) is None  # a local server names no provider
+    # an answer naming no provider cannot be shown to be at an allowed quantization when
+    # there is a list to check it against (issue 25); without a list it is not judged
+    assert pol.rejection(None) == "quantization:unknown" == pol.rejection("")
     assert pol.max_prices() == (6e-7, 3e-6)
 
     ign = ProviderPolicy({"ignore": ["deepinfra", "fireworks/fp4"]}, eps)
@@ -155,6 +157,7 @@ def test_policy_rejects_outside_answers():
     no_list = ProviderPolicy({"ignore": ["deepinfra"], "quantizations": ["fp8"]})
     assert no_list.rejection("DeepInfra") == "provider_ignored"
     assert no_list.rejection("Other") is None  # nothing known about it: cannot judge
+    assert no_list.rejection(None) is None  # a local server names no provider
     assert not ProviderPolicy({}, eps).active and ProviderPolicy({}, eps).rejection("x") is None
 
 

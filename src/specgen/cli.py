@@ -58,6 +58,30 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        what = problem_message(exc)
+        if what is None:
+            raise
+        print(f"specgen {getattr(args, 'command', None) or ''}: {what}", file=sys.stderr)
+        return 2
+
+
+def problem_message(exc: BaseException) -> str | None:
+    """What to say for a store that is not one (empty, corrupt, a directory) or a run dir
+    that cannot be written — a message instead of a traceback; None for anything else."""
+    import sqlite3
+
+    from .store import StoreError
+
+    if isinstance(exc, StoreError):
+        return str(exc)
+    if isinstance(exc, sqlite3.Error):
+        return (f"the run store cannot be used (sqlite: {exc}); check that the run dir's "
+                "state.sqlite is a specgen store file")
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return None
 
 
 if __name__ == "__main__":

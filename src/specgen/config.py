@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import orjson
 
@@ -105,6 +105,9 @@ class EndpointConfig:
     batch_files_path: str = "files"
     batch_batches_path: str = "batches"
     batch_file_purpose: str = "batch"
+    # The most text one answer may hold (content + reasoning + tool-call arguments, UTF-8
+    # bytes): a stream is cut there and the answer quarantined `answer_too_large`.
+    max_answer_bytes: int = 4 * 1024 * 1024
 
     @property
     def is_sim(self) -> bool:
@@ -499,6 +502,12 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
                 raise ConfigError(f"{label}: {key} must be positive, got {value}")
         if ds.weight is not None and not ds.weight > 0:
             raise ConfigError(f"{label}: weight must be > 0, got {ds.weight}")
+        worst = cfg.max_tokens_for(ds)
+        if ds.token_budget and isinstance(worst, int) and ds.token_budget < worst:
+            raise ConfigError(
+                f"{label}: token_budget {ds.token_budget} is smaller than one request's worst "
+                f"case (max_tokens {worst}): a request in flight is counted at its max_tokens, "
+                "so nothing would ever be sent; raise token_budget or lower max_tokens")
         _check_dataset_sampling(ds, label)
     return cfg
 
@@ -672,8 +681,15 @@ def _validate_endpoint(ep: EndpointConfig, where: str) -> None:
 SECRET_PARAMS = {
     "key", "api_key", "apikey", "api-key", "token", "access_token", "auth", "auth_token",
     "secret", "client_secret", "password", "passwd", "pwd", "sig", "signature", "bearer",
+    "credential", "credentials", "cred", "creds", "authorization", "session",
 }
-SECRET_PARAM_ENDINGS = ("_key", "-key", "apikey", "token", "secret", "password")
+SECRET_PARAM_ENDINGS = ("_key", "-key", "apikey", "token", "secret", "password", "credential",
+                        "credentials")
+# A path segment that looks like a key: a known key prefix, or a long token of letters and
+# digits (an API key pasted into the path, `/sk-or-v1-…/v1`).
+SECRET_SEGMENT = re.compile(r"(?:sk|pk|rk)[-_].{8,}|(?:ghp|gho|ghs|hf|xox[abprs])_.{8,}"
+                            r"|AKIA[0-9A-Z]{12,}|Bearer.*", re.IGNORECASE)
+LONG_TOKEN = re.compile(r"[A-Za-z0-9_\-]{32,}")
 CACHE_HEADER_PREFIX = "x-openrouter-cache"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -686,13 +702,35 @@ def _secret_param(name: str) -> bool:
 def _redact_params(text: str) -> tuple[str, bool]:
     """`a=1&key=s3cret` -> (`a=1&key=***`, True): the values of secret-like parameters hidden."""
     parts, found = [], False
-    for part in text.split("&"):
+    for part in re.split(r"([&;])", text):
         name, eq, _value = part.partition("=")
-        if _secret_param(name):
+        if part not in ("&", ";") and _secret_param(name):
             found = True
             part = f"{name}{eq}***"
         parts.append(part)
-    return "&".join(parts), found
+    return "".join(parts), found
+
+
+def _secret_segment(segment: str) -> bool:
+    s = unquote(segment)
+    if SECRET_SEGMENT.fullmatch(s):
+        return True
+    return bool(LONG_TOKEN.fullmatch(s)) and any(c.isdigit() for c in s) and any(
+        c.isalpha() for c in s)
+
+
+def _redact_path(path: str) -> tuple[str, bool]:
+    """The path with key-like segments and secret `;name=value` parameters hidden."""
+    out, found = [], False
+    for segment in path.split("/"):
+        head, semi, params = segment.partition(";")
+        if _secret_segment(head):
+            head, found = "***", True
+        if semi:
+            params, p_found = _redact_params(params)
+            found = found or p_found
+        out.append(head + semi + params)
+    return "/".join(out), found
 
 
 def redact_url(url: str) -> tuple[str, bool]:
@@ -707,12 +745,13 @@ def redact_url(url: str) -> tuple[str, bool]:
     if "@" in netloc:
         netloc = "***@" + netloc.rpartition("@")[2]
         found = True
+    path, p_found = _redact_path(parts.path)
     query, q_found = _redact_params(parts.query) if parts.query else ("", False)
     fragment, f_found = _redact_params(parts.fragment) if parts.fragment else ("", False)
-    found = found or q_found or f_found
+    found = found or p_found or q_found or f_found
     if not found:
         return url, False
-    out = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else f"{netloc}{parts.path}"
+    out = f"{parts.scheme}://{netloc}{path}" if parts.scheme else f"{netloc}{path}"
     if parts.query:
         out += "?" + query
     if parts.fragment:
@@ -727,8 +766,8 @@ def _check_url_secrets(url: str, key: str, api_key_env: str | None, where: str) 
     env = api_key_env.strip() if api_key_env else ""
     named = f" ({env})" if ENV_NAME.fullmatch(env) else ""  # never echo a pasted key
     raise ConfigError(
-        f"{where}: {key} {shown!r} carries credentials (a user:password@ part or a key-like "
-        "query parameter); secrets do not belong in the config file (it is copied into the "
+        f"{where}: {key} {shown!r} carries credentials (a user:password@ part, a key-like "
+        "path segment, or a key-like query or ;parameter); secrets do not belong in the config file (it is copied into the "
         "run store and its errors into logs): remove them from the URL and put the key in "
         f"the environment variable named by endpoint.api_key_env{named}"
     )
@@ -832,6 +871,9 @@ def _validate_numbers(cfg: RunConfig, where: str) -> None:
     if not ep.stream_tick_ms >= 0:
         raise ConfigError(f"{where}: endpoint.stream_tick_ms must be >= 0 (0 = off), "
                           f"got {ep.stream_tick_ms}")
+    if isinstance(ep.max_answer_bytes, bool) or not ep.max_answer_bytes > 0:
+        raise ConfigError(f"{where}: endpoint.max_answer_bytes must be a number of bytes > 0, "
+                          f"got {ep.max_answer_bytes!r}")
     if not eng.ballast_mb >= 0:
         raise ConfigError(f"{where}: engine.ballast_mb must be >= 0 (0 = none), "
                           f"got {eng.ballast_mb}")

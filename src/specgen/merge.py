@@ -182,6 +182,7 @@ def _merge(ins: list[Path], stores: list[Store], metas: list[dict[str, str]],
         _meta(ins, stores, metas, target)
         _datasets(stores, tc, complete=_all_shards(metas))
         session_map = _sessions(stores, tc, summary)
+        _merged_state(ins, stores, metas, tc)
         conv_map, task_map, turn_map = _conversations(stores, tc, summary)
         _results(stores, tc, conv_map, task_map, summary)
         _attempts(stores, tc, task_map, turn_map, session_map, summary)
@@ -271,6 +272,44 @@ def _datasets(stores: list[Store], tc: sqlite3.Connection, *, complete: bool) ->
         cols = list(d)
         tc.execute(f"INSERT INTO datasets({', '.join(cols)}) VALUES({', '.join('?' * len(cols))})",
                    [d[c] for c in cols])
+
+
+def unfinished_inputs(ins, stores, metas) -> list[str]:
+    """What keeps the merge from being finished: inputs whose last session did not finish
+    (still running, stopped, failed, or with tasks pending) and shards of the N missing."""
+    out = []
+    for p, s, m in zip(ins, stores, metas, strict=True):
+        row = s.conn.execute("SELECT state FROM sessions ORDER BY id DESC LIMIT 1").fetchone()
+        state = row[0] if row else "never started"
+        (pending,) = s.conn.execute(
+            "SELECT COUNT(*) FROM tasks WHERE status='pending'").fetchone()
+        name = f"shard {m['shard']}" if m.get("shard") else str(p)
+        if state != "finished" or pending:
+            out.append(f"{name} ({p}) {state}, {pending} task(s) pending")
+    shards = [m.get("shard") or "" for m in metas]
+    try:
+        pairs = [tuple(int(x) for x in s.split("/")) for s in shards if s]
+    except ValueError:
+        pairs = []
+    if pairs:
+        n = max(k for _, k in pairs)
+        have = {i for i, k in pairs if k == n}
+        out += [f"shard {i}/{n} missing" for i in range(n) if i not in have]
+    return out
+
+
+def _merged_state(ins, stores, metas, tc) -> None:
+    """The merge's own session, last: `finished` only when every input finished and every
+    shard is there; else `stopped`, naming the unfinished and missing shards."""
+    left = unfinished_inputs(ins, stores, metas)
+    now = time.time()
+    (next_id,) = tc.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM sessions").fetchone()
+    reason = ("merged: " + "; ".join(left) + " — run them to the end and merge again"
+              if left else None)
+    tc.execute("INSERT INTO sessions(id, pid, host, started_at, heartbeat_at, ended_at, state, "
+               "stop_reason, argv) VALUES(?, NULL, NULL, ?, ?, ?, ?, ?, ?)",
+               (next_id, now, now, now, "stopped" if left else "finished", reason,
+                '["merge"]'))
 
 
 def _sessions(stores, tc, summary) -> list[dict[int, int]]:

@@ -250,6 +250,12 @@ def normalize_ids(
     if not ids:
         raise Quarantined("no_token_ids" if ids is None else "empty",
                           "the server returned no sampled ids")
+    vocab = getattr(getattr(renderer, "tokenizer", None), "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0 and max(ids) >= vocab:
+        bad = next(i for i, t in enumerate(ids) if t >= vocab)
+        raise Quarantined("ids_out_of_vocab", f"sampled id {ids[bad]} at position {bad} is "
+                          f"outside the tokenizer's vocabulary ({vocab} ids): another model "
+                          "or tokenizer served it")
     echoed = resp.prompt_token_ids
     if echoed is not None and list(echoed) != list(prompt_ids):
         at = first_difference(echoed, prompt_ids)

@@ -458,6 +458,12 @@ class Store:
         path = run_dir / STORE_FILE if run_dir.is_dir() or not run_dir.exists() else run_dir
         if not path.exists():
             raise StoreError(f"{run_dir}: no specgen run here ({STORE_FILE} not found)")
+        if path.is_dir():
+            raise StoreError(f"{path} is a directory, not a specgen store: move it away "
+                             "(or point at another run dir)")
+        if path.stat().st_size == 0:
+            raise StoreError(f"{path} is empty (0 bytes), not a specgen store: move it away "
+                             "to start a new run there (or restore it from a copy)")
         if not readonly:
             return cls.create(path.parent)
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,

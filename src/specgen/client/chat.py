@@ -138,6 +138,7 @@ class ChatClient:
         proxy: str | bool | None = None,
         env: Mapping[str, str] | None = None,
         stream_tick: float | None = 0.2,
+        max_answer_bytes: int | None = None,
     ):
         self._balancer = Balancer(
             [base_url] if isinstance(base_url, str) else list(base_url),
@@ -167,6 +168,7 @@ class ChatClient:
         self._limit_per_host = limit_per_host
         self._keepalive = keepalive_timeout
         self._max_body = max_body_bytes
+        self._max_answer = max_answer_bytes or None  # a stream's text is cut beyond this
         self._session: aiohttp.ClientSession | None = None
         # Streams are read by the batched reader (h1.py, ticker.py) unless the tick is off or
         # a setting only aiohttp supports is on (a connection cap).
@@ -206,6 +208,7 @@ class ChatClient:
             concurrency=cfg.concurrency,
             stream_tick=cfg.stream_tick_ms / 1000,
             proxy=cfg.proxy,
+            max_answer_bytes=cfg.max_answer_bytes,
         )
         kwargs.update(overrides)
         return cls(urls, **kwargs)
@@ -433,13 +436,14 @@ class ChatClient:
             att.healthy = True
             if not 200 <= status < 300:
                 body, truncated = await self._read(resp, deadline, ERROR_BODY_CAP, True)
-                raise error_from_response(status, resp.headers, body, truncated=truncated)
+                raise error_from_response(status, resp.headers, body, truncated=truncated,
+                                          redact=self._redact)
             if path is not None:
                 att.result = self._parse_json((await self._read(resp, deadline))[0])
                 return
             ctype = resp.content_type
             if ctype == "text/event-stream" or (stream and ctype != "application/json"):
-                parser = att.parser = StreamParser()
+                parser = att.parser = StreamParser(self._max_answer)
                 await self._read_stream(resp, deadline, parser)
                 result = parser.finish()
                 if token_api is not None:
@@ -478,10 +482,10 @@ class ChatClient:
                 await conn.end  # type: ignore[misc]
                 body = b"".join(conn.body)
                 raise error_from_response(status, resp.headers, body[:ERROR_BODY_CAP],
-                                          truncated=conn.truncated)
+                                          truncated=conn.truncated, redact=self._redact)
             ctype = resp.content_type
             if ctype != "application/json":
-                parser = att.parser = StreamParser()
+                parser = att.parser = StreamParser(self._max_answer)
                 conn.read_sse(parser)
                 await conn.end  # type: ignore[misc]
                 result = parser.finish()

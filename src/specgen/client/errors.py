@@ -13,6 +13,7 @@ import orjson
 
 from .retry import retry_after_from_headers
 from .types import ApiError, ErrorClass
+from .usage import clean_usage as _clean_usage
 
 MAX_TEXT = 300  # characters of any server-provided text kept in a message
 
@@ -130,16 +131,23 @@ def describe_error(err: Any) -> tuple[str, str | None]:
 
 
 def error_from_response(
-    status: int, headers: Mapping[str, str], body: bytes, *, truncated: bool = False
+    status: int, headers: Mapping[str, str], body: bytes, *, truncated: bool = False,
+    redact: Redactor | None = None,
 ) -> ApiError:
-    """The ApiError for a non-2xx response with (the first part of) its body."""
+    """The ApiError for a non-2xx response with (the first part of) its body. With `redact`,
+    the key is masked in the body, its parsed fields and the headers before anything is cut
+    to a snippet (a cut key is no longer the key, and would leak most of it)."""
     retry_after = retry_after_from_headers(headers)
+    if redact is not None:
+        body = redact.data(body)
     parsed: Any = None
     if not truncated:
         try:
             parsed = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
             parsed = None
+        if redact is not None:
+            parsed = redact.obj(parsed)  # a key written with JSON escapes
     err_obj: Any = parsed.get("error") if isinstance(parsed, dict) else None
     provider = None
     code = None
@@ -159,7 +167,10 @@ def error_from_response(
     if provider is None and isinstance(parsed, dict) and isinstance(parsed.get("provider"), str):
         provider = parsed["provider"]
     if status in (301, 302, 303, 307, 308):
-        message = f"unexpected redirect to {snippet(headers.get('Location', '?'), 120)}"
+        location = headers.get("Location", "?")
+        if redact is not None:
+            location = redact.text(location)
+        message = f"unexpected redirect to {snippet(location, 120)}"
     if status == 407:  # a proxy on the way, not the API: the path to it is refused
         kind = "unreachable"
         message = f"the proxy refused the request (407 Proxy Authentication Required): {message}"
@@ -171,18 +182,23 @@ def error_from_response(
         retry_after=retry_after,
         provider=provider,
         body=err_obj,
-        usage=usage if isinstance(usage, dict) else None,
+        usage=_clean_usage(usage)[0] or None,
         code=code,
     )
 
 
 class Redactor:
     """Replaces the API key (and a proxy's credentials) wherever they could leak: messages,
-    bodies, response fields."""
+    bodies, response fields.
+
+    Text is masked before it is cut (`error_from_response`); for text cut elsewhere (a
+    stream's error chunk described by the parser), the start of a secret left just before a
+    cut — `…`, or the end of the text — is masked too (`PARTIAL` characters or more)."""
 
     __slots__ = ("_key", "_keys")
 
     MASK = "[REDACTED]"
+    PARTIAL = 4  # a secret's first characters this long or longer, at a cut, are masked
 
     def __init__(self, key: str | None, extra: tuple[str, ...] = ()):
         # the longest first, so a secret inside another is masked as part of it
@@ -194,21 +210,62 @@ class Redactor:
     def __repr__(self) -> str:
         return "Redactor(<key hidden>)" if self._key else "Redactor(no key)"
 
-    def text(self, value: str) -> str:
+    def _cut_prefix(self, key: str, value: str, end: int) -> int:
+        """The start of the longest prefix of `key` (>= PARTIAL) that ends at `end`, else -1."""
+        for n in range(min(len(key) - 1, end), self.PARTIAL - 1, -1):
+            if value.startswith(key[:n], end - n):
+                return end - n
+        return -1
+
+    def text(self, value: str, cut: bool = False) -> str:
+        """`value` with every secret masked; `cut`: text that may have been cut short (error
+        messages), where a secret's start before a cut is masked too."""
         for key in self._keys:
             if key in value:
                 value = value.replace(key, self.MASK)
+        if not cut:
+            return value
+        for key in self._keys:
+            if key[: self.PARTIAL] not in value:
+                continue
+            # a cut secret: at each "…" and at the end
+            ends, at = [], value.find("…")
+            while at >= 0:
+                ends.append(at)
+                at = value.find("…", at + 1)
+            ends.append(len(value))
+            for end in reversed(ends):
+                start = self._cut_prefix(key, value, end)
+                if start >= 0:
+                    value = value[:start] + self.MASK + value[end:]
+        return value
+
+    def data(self, value: bytes) -> bytes:
+        """Raw bytes (an error body, maybe cut at a cap) with every secret masked, a cut one
+        too."""
+        if not self._keys or not value:
+            return value
+        mask = self.MASK.encode()
+        tail = False
+        for key in self._keys:
+            bkey = key.encode()
+            if bkey in value:
+                value = value.replace(bkey, mask)
+            tail = tail or bkey[: self.PARTIAL] in value[-len(bkey):]
+        if tail:
+            text = value.decode("utf-8", "surrogateescape")
+            value = self.text(text, cut=True).encode("utf-8", "surrogateescape")
         return value
 
     def _found(self, text: str) -> bool:
         return any(k in text for k in self._keys)
 
-    def obj(self, value: Any) -> Any:
+    def obj(self, value: Any, cut: bool = False) -> Any:
         """A JSON-like value with the key masked (round-trips through JSON only when needed)."""
         if not self._keys or value is None:
             return value
         if isinstance(value, str):
-            return self.text(value)
+            return self.text(value, cut)
         try:
             dumped = orjson.dumps(value, default=str).decode()
         except TypeError:
@@ -219,9 +276,9 @@ class Redactor:
 
     def error(self, err: ApiError) -> ApiError:
         if self._key:
-            err.message = self.text(err.message)
+            err.message = self.text(err.message, cut=True)
             err.args = (err.message,)
-            err.body = self.obj(err.body)
+            err.body = self.obj(err.body, cut=True)
             err.usage = self.obj(err.usage) or {}
             for name in ("provider", "model", "generation_id"):
                 value = getattr(err, name)

@@ -443,6 +443,9 @@ class H1Connection(asyncio.Protocol):
         parser.feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))  # type: ignore[union-attr]
         if parser.done:  # type: ignore[union-attr]
             self.sse_done = True
+            if parser.oversize is not None:  # type: ignore[union-attr]
+                self._over_cap()  # cut at max_answer_bytes: the rest is not read
+                return
             if not self.end.done():  # type: ignore[union-attr]
                 self.end.set_result(None)  # type: ignore[union-attr]
 

@@ -19,6 +19,7 @@ import orjson
 from . import frames as _frames
 from .errors import describe_error, snippet
 from .types import ApiError, ChatResponse, RawToolCall
+from .usage import clean_usage
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -73,6 +74,15 @@ def _opt_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _model(value: Any) -> str | None:
+    """The answer's `model` (or revealed `quantization`): a string as sent; any other value
+    but null as its JSON text (`123` -> "123"), so the check sees it and refuses it instead
+    of skipping it."""
+    if value is None or isinstance(value, str):
+        return value
+    return orjson.dumps(value, default=str).decode()
+
+
 def _dict(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -89,7 +99,7 @@ def _failure(kind: str, err: Any, usage: Any, provider: str | None) -> ApiError:
         message,
         provider=err_provider or provider,
         body=err if isinstance(err, dict | str) else None,
-        usage=usage if isinstance(usage, dict) else None,
+        usage=clean_usage(usage)[0] or None,
         code=err.get("code") if isinstance(err, dict) else None,
     )
 
@@ -105,7 +115,7 @@ def parse_completion(data: bytes) -> ChatResponse:
     if not isinstance(obj, dict):
         raise _invalid(f"response body must be a JSON object, got {type(obj).__name__}")
     provider = _opt_str(obj.get("provider"))
-    usage = obj.get("usage")
+    usage, usage_warnings = clean_usage(obj.get("usage"))
     if obj.get("error"):
         raise _failure("error_in_body", obj["error"], usage, provider)
     choices = obj.get("choices")
@@ -146,8 +156,6 @@ def parse_completion(data: bytes) -> ChatResponse:
                 name=name,
                 arguments=_arguments(fn.get("arguments"), f"{where}.function.arguments"),
             ))
-    if usage is not None and not isinstance(usage, dict):
-        raise _invalid("usage must be an object")
     prompt_ids = obj.get("prompt_token_ids")
     if prompt_ids is None:
         prompt_ids = choice.get("prompt_token_ids")
@@ -160,15 +168,16 @@ def parse_completion(data: bytes) -> ChatResponse:
         finish_reason=finish,
         native_finish_reason=_opt_str(choice.get("native_finish_reason")),
         provider=provider,
-        quantization=_opt_str(obj.get("quantization")),
-        model=_opt_str(obj.get("model")),
+        quantization=_model(obj.get("quantization")),
+        model=_model(obj.get("model")),
         id=_opt_str(obj.get("id")),
-        usage=usage or {},
+        usage=usage,
         prompt_token_ids=None if prompt_ids is None
         else _ids(prompt_ids, "prompt_token_ids").tolist(),
         completion_token_ids=None if completion_ids is None
         else _ids(completion_ids, "choices[0].token_ids").tolist(),
         stream=False,
+        usage_warnings=usage_warnings,
     )
 
 
@@ -195,15 +204,21 @@ class StreamParser:
         "finish_reason", "native_finish_reason", "provider", "model", "id", "usage",
         "_prompt_ids", "_completion_ids", "_seen_choices", "error", "done", "events",
         "_frames", "_learns", "stop_reason", "_prev", "_dups", "quantization", "_top",
-        "first_output_at",
+        "first_output_at", "usage_warnings", "max_text", "oversize", "_size", "_sized",
     )
 
     FAST = True  # use frames (see frames.py); tests turn it off to compare with the full path
     MAX_FRAMES = 4
     MAX_LEARNS = 16  # frames learnt per stream at most (a server whose chunks never repeat)
 
-    def __init__(self) -> None:
+    def __init__(self, max_text: int | None = None) -> None:
         self._buf = b""
+        # the most text (content + reasoning + tool-call arguments) the answer may hold: past
+        # it the stream ends (`done`) with `oversize` set to the size seen
+        self.max_text = max_text
+        self.oversize: int | None = None
+        self._size = 0  # the text counted so far (pieces counted: `_sized`)
+        self._sized = (0, 0)
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self.reasoning_field: str | None = None
@@ -217,6 +232,7 @@ class StreamParser:
         self.model: str | None = None
         self.id: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.usage_warnings: list[str] = []  # what clean_usage left out of the last usage
         self._prompt_ids: array | None = None
         self._completion_ids: array | None = None
         self._seen_choices = False
@@ -244,6 +260,8 @@ class StreamParser:
                 self._buf = b""
                 if self.first_output_at is None:
                     self.first_output_at = time.time()
+                if self.max_text is not None:
+                    self._check_size()
                 return
         top = self._top
         events = block.split(b"\n\n")
@@ -311,6 +329,23 @@ class StreamParser:
         self._prev = prev
         if self.first_output_at is None and self.has_output:
             self.first_output_at = time.time()
+        if self.max_text is not None:
+            self._check_size()
+
+    def _check_size(self) -> None:
+        """Count the pieces added since the last read (each piece once: linear); past
+        `max_text`, end the stream as cut."""
+        content, reasoning = self._content, self._reasoning
+        nc, nr = self._sized
+        if len(content) > nc:
+            self._size += sum(map(len, content[nc:]))
+        if len(reasoning) > nr:
+            self._size += sum(map(len, reasoning[nr:]))
+        self._sized = (len(content), len(reasoning))
+        if self._size > self.max_text:  # type: ignore[operator]
+            self.oversize = self._size
+            self.done = True
+            self._buf = b""
 
     def _note_repeat(self, before: tuple[int, int]) -> None:
         """Note the field a repeated event added its piece to (`before`: the pieces of
@@ -429,14 +464,14 @@ class StreamParser:
                 value = get("id")
                 if value is not None:
                     self.id = _opt_str(value)
-                    self.model = _opt_str(get("model"))
+                    self.model = _model(get("model"))
                     head = False
             if provider:
                 value = get("provider")
                 if value:
                     self.provider = _opt_str(value)
                     provider = self.provider is None
-                    self.quantization = _opt_str(get("quantization"))
+                    self.quantization = _model(get("quantization"))
             if want_pids:
                 value = get("prompt_token_ids")
                 if value is not None:
@@ -447,9 +482,7 @@ class StreamParser:
                 self.error = err
             value = get("usage")
             if value:
-                if value.__class__ is not dict:
-                    raise _invalid("usage must be an object")
-                self.usage = value
+                self.usage, self.usage_warnings = clean_usage(value)
             choices = get("choices")
             if not choices:
                 continue
@@ -557,8 +590,9 @@ class StreamParser:
                     acc.name += name  # a server streaming the name in pieces
             args = fn.get("arguments")
             if args:
-                acc.args.append(_arguments(args, "choices[0].delta.tool_calls[].function"
-                                                 ".arguments"))
+                args = _arguments(args, "choices[0].delta.tool_calls[].function.arguments")
+                acc.args.append(args)
+                self._size += len(args)
 
     def finish(self) -> ChatResponse:
         """The response after the body ended (at [DONE] or EOF); raises for a failed stream."""
@@ -601,17 +635,29 @@ class StreamParser:
             stop_reason=self.stop_reason if isinstance(self.stop_reason, int | str)
             and not isinstance(self.stop_reason, bool) else None,
             duplicates=self._duplicates() if self._dups else [],
+            oversize=self.oversize,
+            usage_warnings=self.usage_warnings,
         )
 
     def _duplicates(self) -> list[tuple[str, int, int]]:
         """(field, offset, length) of the text each repeated event added to its field: the
         piece it appended repeats the end of the piece before it in the same field (that
-        piece may hold a whole run of events, the repeated one last)."""
+        piece may hold a whole run of events, the repeated one last). One pass over each
+        field's pieces: a run of repeated events costs its length, not its square."""
         out = []
+        dups = self._dups or ()
         for field, pieces in (("content", self._content), ("reasoning", self._reasoning)):
-            for noted, k in self._dups or ():
-                if noted == field and 0 < k < len(pieces) and pieces[k - 1].endswith(pieces[k]):
-                    out.append((field, sum(len(p) for p in pieces[:k]), len(pieces[k])))
+            wanted = sorted({k for noted, k in dups if noted == field and 0 < k < len(pieces)})
+            if not wanted:
+                continue
+            offset, at = 0, 0  # the text before pieces[at]
+            for k in wanted:
+                while at < k:
+                    offset += len(pieces[at])
+                    at += 1
+                piece = pieces[k]
+                if pieces[k - 1].endswith(piece):
+                    out.append((field, offset, len(piece)))
         return out
 
     def failure(self) -> ApiError:

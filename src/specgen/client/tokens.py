@@ -22,8 +22,9 @@ import orjson
 from yarl import URL
 
 from .errors import snippet
-from .parse import _failure, _ids, _invalid, _opt_str
+from .parse import _failure, _ids, _invalid, _model, _opt_str
 from .types import ChatResponse
+from .usage import clean_usage
 
 TOKEN_APIS = ("vllm", "sglang")
 
@@ -67,13 +68,12 @@ def _vllm(obj: dict[str, Any]) -> ChatResponse:
     prompt = obj.get("prompt_token_ids")
     if prompt is None:
         prompt = choice.get("prompt_token_ids")
-    usage = obj.get("usage")
-    if usage is not None and not isinstance(usage, dict):
-        raise _invalid("usage must be an object")
+    usage, usage_warnings = clean_usage(obj.get("usage"))
     return ChatResponse(
         content=None, reasoning=None, reasoning_field=None, tool_calls=[],
         finish_reason=finish, native_finish_reason=None, provider=None,
-        model=_opt_str(obj.get("model")), id=_opt_str(obj.get("id")), usage=usage or {},
+        model=_model(obj.get("model")), id=_opt_str(obj.get("id")), usage=usage,
+        usage_warnings=usage_warnings,
         prompt_token_ids=None if prompt is None else _ids(prompt, "prompt_token_ids").tolist(),
         completion_token_ids=_ids(ids, "choices[0].token_ids").tolist(),
         stop_reason=_stop_reason(choice.get("stop_reason")))

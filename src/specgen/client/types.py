@@ -57,6 +57,11 @@ class ChatResponse:
     # Streams: (field "content" | "reasoning", offset, length) of text an event repeated byte
     # for byte added; a count-guided repair may take it out (specgen.quality.repairs).
     duplicates: list[tuple[str, int, int]] = field(default_factory=list)
+    # a stream cut by the client at `[endpoint] max_answer_bytes`: the text it held then
+    oversize: int | None = None
+    # what the client left out of `usage` (a count or cost that was not a non-negative
+    # number: treated as missing, never charged; specgen.client.usage)
+    usage_warnings: list[str] = field(default_factory=list)
     # The quantization that served the answer, when the answer says (a top-level
     # `quantization` next to `provider`; the simulator's providers that reveal it).
     quantization: str | None = None

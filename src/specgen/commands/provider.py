@@ -44,13 +44,18 @@ def handle(args: argparse.Namespace) -> int:
         if not excluded:
             print(f"{run_dir}: no provider is excluded")
         for name, info in excluded.items():
-            print(f"{name}: excluded ({info.get('by', '?')}) — {info.get('reason', '')}")
+            print(f"{shown(name)}: excluded ({info.get('by', '?')}) — "
+                  f"{shown(str(info.get('reason', '')))}")
         return 0
     action, name = ("exclude", args.exclude) if args.exclude else ("allow", args.allow)
     name = name.strip()
     if not name:
         print("specgen provider: the provider name is empty", file=sys.stderr)
         return 2
+    if action == "exclude":
+        unknown = unknown_name_note(run_dir, name)
+        if unknown:
+            print(f"specgen provider: note: {unknown}", file=sys.stderr)
     if status["state"] != "running":
         try:
             print(apply_offline(run_dir, action, name))
@@ -71,3 +76,32 @@ def handle(args: argparse.Namespace) -> int:
     print(f"specgen provider: the run has not taken the request after {args.timeout:g}s; it "
           f"stays in {path} and is applied when the run next polls or starts", file=sys.stderr)
     return 1
+
+
+def shown(name: str) -> str:
+    """A provider name as printed: control characters (terminal escapes) as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
+def unknown_name_note(run_dir, name: str) -> str | None:
+    """What to say when no answer or error of this run came from a provider called `name`
+    (the exclusion is kept: it may answer later), with the close names; None when it did."""
+    import difflib
+
+    from ..store import Store
+
+    try:
+        with Store.open(run_dir) as store:
+            seen = sorted({p for (p,) in store.conn.execute(
+                "SELECT DISTINCT provider FROM attempts WHERE provider IS NOT NULL "
+                "AND provider != ''")})
+    except Exception:  # noqa: BLE001 - a note only: never in the way of the request
+        return None
+    if not seen or any(p.strip().lower() == name.lower() for p in seen):
+        return None
+    close = difflib.get_close_matches(name.lower(), [p.lower() for p in seen], n=3, cutoff=0.5)
+    names = [p for p in seen if p.lower() in close]
+    hint = (f"; did you mean {', '.join(repr(shown(p)) for p in names)}?" if names
+            else f"; providers seen: {', '.join(shown(p) for p in seen[:10])}")
+    return (f"no attempt of this run came from a provider named {shown(name)!r}{hint} "
+            "(it is excluded anyway, in case it answers later)")

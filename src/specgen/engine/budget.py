@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..client.usage import clean_usage
+
 Verdict = Literal["ok", "wait", "tokens_exhausted", "cost_exhausted"]
 
 
@@ -154,11 +156,19 @@ class Budget:
             return reported
         return self.prices.cost(prompt_tokens, completion_tokens)
 
-    def charge_usage(self, dataset: str, usage: dict[str, Any]) -> Charge:
+    def charge_usage(self, dataset: str, usage: dict[str, Any], *, bad: bool = False,
+                     worst_case: int = 0) -> Charge:
         """Charge one attempt's `usage` (tokens, and its cost or the known prices') to its
-        dataset and the run."""
+        dataset and the run. A bad count or cost is never charged as sent (`clean_usage`):
+        when the provider's usage was malformed (`bad`) and its completion count is gone,
+        the attempt's `worst_case` (its max_tokens, what dispatch reserved) is charged, so
+        a provider sending `-20000` or `"abc"` cannot defeat a token budget."""
+        usage, dropped = clean_usage(usage)
         pt = int(usage.get("prompt_tokens") or 0)
-        ct = int(usage.get("completion_tokens") or 0)
+        ct = usage.get("completion_tokens")
+        if ct is None and (bad or dropped):
+            ct = worst_case
+        ct = int(ct or 0)
         reported = usage.get("cost")
         reported = float(reported) if isinstance(reported, int | float) else None
         cost = self.attempt_cost(pt, ct, reported)

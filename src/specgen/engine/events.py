@@ -23,6 +23,16 @@ class EventLog:
             ts=time.time(), session=self.session_id, kind=kind, dataset=dataset,
             provider=provider, detail=detail))
 
+    def counted(self, kind: str, dataset: str | None, provider: str | None,
+                detail: str) -> None:
+        """Record every event of this kind (they are counted); log the first per dataset
+        and provider in the session."""
+        key = (kind, f"{dataset}|{provider}")
+        self.add(kind, dataset, provider, detail)
+        if key not in self._once:
+            self._once.add(key)
+            log.warning("%s", detail)
+
     def once(self, kind: str, dataset: str | None, provider: str | None, detail: str) -> None:
         """Record (and log as a warning) the first event of this kind per dataset and
         provider in the session; later ones are dropped."""

@@ -45,7 +45,8 @@ class Limits:
         """What a failed attempt tells the endpoint's health and the concurrency limits."""
         kind = err.kind
         note = self.health.on_failure(kind, job.task_id, str(err)[:300],
-                                      responded=err.status is not None, probe=job.probe)
+                                      responded=err.status is not None, probe=job.probe,
+                                      phase=err.timeout_phase)
         if note:
             self._endpoint_note(err.provider, note)
         if kind == "in_flight_budget":
@@ -63,7 +64,10 @@ class Limits:
         """A Retry-After above retry_after_cap: every request waits, visibly. Returns why
         the run must stop when the wait is longer than outage_timeout (else None)."""
         eng = self.cfg.engine
-        until = time.strftime("%H:%M:%S", time.localtime(time.time() + seconds))
+        then = time.localtime(time.time() + seconds)
+        same_day = time.strftime("%Y-%m-%d", then) == time.strftime("%Y-%m-%d")
+        # a wait into another day names the day (Retry-After: 86400 is tomorrow, not today)
+        until = time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", then)
         why = (f"{err.kind} with Retry-After {seconds:.0f}s (above retry_after_cap = "
                f"{eng.retry_after_cap:g}s): all requests paused until {until}")
         if not self.health.pause(seconds, why):

@@ -1,8 +1,9 @@
 """Is the path to the API up? Outages and endpoint-wide pauses are not request failures.
 
 A connection that cannot be made at all (DNS, refused, TLS, reset before any response) says
-nothing about the request, and neither does a storm of 5xx across many different tasks: the
-endpoint is down. Then dispatching pauses, one request at a time probes it with backoff, and
+nothing about the request, and neither does a storm of 5xx across many different tasks, nor
+first-byte timeouts on several different tasks with no answer between (connections accepted,
+never answered: a hung API): the endpoint is down. Then dispatching pauses, one request at a time probes it with backoff, and
 the run goes on as soon as it answers; attempts made meanwhile do not count against a task's
 `max_attempts`. An endpoint down longer than `outage_timeout` stops the run (stopped, work
 pending, resumable).
@@ -23,6 +24,7 @@ from typing import Any
 UNREACHABLE_STREAK = 3  # consecutive no-response failures that mean the path is down
 STORM_TASKS = 20  # distinct tasks failing with 5xx in a row, no success between: down
 STORM_KINDS = frozenset({"server", "overloaded"})
+HUNG_TASKS = 5  # distinct tasks with no response within the first-byte timeout, in a row
 PROBE_FIRST = 1.0  # seconds before the first probe; doubles up to probe_max
 
 
@@ -43,6 +45,7 @@ class EndpointHealth:
         self.outages = 0
         self._streak = 0  # consecutive unreachable failures
         self._storm: set[int] = set()  # tasks failing with 5xx since the last good answer
+        self._hung: set[int] = set()  # tasks with a first-byte timeout since the last answer
         self._probe_in_flight = False
         self._next_probe = 0.0
         self._probe_wait = PROBE_FIRST
@@ -84,6 +87,7 @@ class EndpointHealth:
         when this ends an outage."""
         self._streak = 0
         self._storm.clear()
+        self._hung.clear()
         if probe:
             self._probe_in_flight = False
         if self.down_since is None:
@@ -95,13 +99,15 @@ class EndpointHealth:
         return f"endpoint reachable again after {took:.0f}s; dispatching resumes"
 
     def on_failure(self, kind: str, task_id: int, message: str, *, responded: bool,
-                   probe: bool = False) -> str | None:
-        """A failed attempt (`responded`: an HTTP status came back). Returns a message when
-        this starts (or ends) an outage."""
+                   probe: bool = False, phase: str | None = None) -> str | None:
+        """A failed attempt (`responded`: an HTTP status came back; `phase`: a timeout's).
+        Returns a message when this starts (or ends) an outage."""
         if kind == "unreachable":
             self._streak += 1
         elif kind in STORM_KINDS and responded:
             self._storm.add(task_id)
+        elif kind == "timeout" and phase == "first_byte" and not responded:
+            self._hung.add(task_id)
         elif responded:  # any other HTTP error came from a server that answered: it is up
             return self.on_answer(probe)
         elif not self.down:  # a timeout or a broken body: neither up nor down
@@ -117,6 +123,9 @@ class EndpointHealth:
             reason = "no connection could be made"
         elif len(self._storm) >= STORM_TASKS:
             reason = f"5xx errors on {len(self._storm)} different requests in a row"
+        elif len(self._hung) >= HUNG_TASKS:
+            reason = (f"no response within the first-byte timeout on {len(self._hung)} "
+                      "different requests in a row (connections accepted, never answered)")
         else:
             return None
         self.outages += 1

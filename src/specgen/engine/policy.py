@@ -197,9 +197,17 @@ class ProviderPolicy:
         """Why an answer from `provider` must be rejected, or None when it is acceptable.
         `quantization`: what the answer says served it, checked against the allow-list.
 
-        An answer naming no provider (a local server) cannot be checked and is accepted.
+        An answer naming no provider (a local server) cannot be checked: it is accepted when
+        there is no endpoint list, but with a list and a quantization allow-list (or `only`)
+        it cannot be shown to be allowed and is rejected (`""`, null or a list as provider).
         """
-        if not provider or not self.active:
+        if not self.active:
+            return None
+        if not provider:
+            if self.endpoints and self.quantizations and "unknown" not in self.quantizations:
+                return "quantization:unknown"
+            if self.endpoints and self.only:
+                return "provider_not_allowed"
             return None
         if any(self._slug_names(s, provider) for s in self.ignore):
             return "provider_ignored"

@@ -47,7 +47,9 @@ from .resume import (
 )
 from .scheduler import Engine
 from .shard import parse_shard
+from .source_check import check_sources
 from .stages import Stages, default_stages
+from .store_guard import import_rescued
 
 log = logging.getLogger("specgen.engine")
 LOG_FILE = "specgen.log"
@@ -182,6 +184,11 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
         store = Store.create(run_dir)
     except (StoreError, OSError, sqlite3.Error) as exc:
         raise RunError(f"cannot open the run store in {run_dir}: {exc}") from None
+    rescued = import_rescued(store, run_dir)  # a previous session's rescue file
+    if rescued:
+        log.warning("%s", rescued)
+    for note in check_sources(store, cfg.datasets):  # a source changed before its cursor
+        log.warning("%s", note)
     reader = Store.open(run_dir)
     ballast = Ballast(run_dir, int(cfg.engine.ballast_mb * 2**20))
     if ballast.size and not ballast.create():

@@ -350,13 +350,15 @@ class Engine:
 
     # -- answers: the pipeline decides, the engine carries it out --------------------------------
     def _on_answer(self, job: Job, resp: ChatResponse) -> None:
-        charge = self.budget.charge_usage(job.ds.name, resp.usage)
+        charge = self.budget.charge_usage(job.ds.name, resp.usage, bad=bool(resp.usage_warnings),
+                                          worst_case=job.max_tokens)
         pstats = self.stats.billed(resp.provider, charge.prompt_tokens,
                                    charge.completion_tokens, charge.cost_usd)
         self.limits.on_answer(job, resp.provider)
         done = self.answers.process(job, resp, charge)
         for n in done.answer.notes:
-            self.events.once(n.kind, job.ds.name, resp.provider, n.message)
+            (self.events.once if n.once else self.events.counted)(
+                n.kind, job.ds.name, resp.provider, n.message)
         for decision in done.decisions:
             self.steering.carry_out(decision)
         outcome = done.outcome

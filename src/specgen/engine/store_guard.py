@@ -134,10 +134,32 @@ def _advice(kind: str) -> str:
     }.get(kind, "press Ctrl-C to stop cleanly")
 
 
+RESCUE_GLOB = "rescued-session-*.jsonl"
+
+
+def _write_private(path: str, data: bytes) -> None:
+    """Create `path` (never an existing file, never through a symlink), mode 0600."""
+    import os
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def rescue_results(batch, run_dir, session: int) -> str | None:
     """Last resort when the store never took the session's last answers: write the held
-    results as JSON lines (ids unpacked) next to the store, else in the temp dir. Returns the
-    path written, or None when there was nothing to save or nowhere to save it."""
+    results as JSON lines (ids unpacked) next to the store — a new file, mode 0600, never
+    through a symlink — else in a private temp dir of its own (0700). The next run imports
+    the file from the run dir (`import_rescued`). Returns the path written, or None when
+    there was nothing to save or nowhere to save it."""
     import os
     import tempfile
 
@@ -158,17 +180,86 @@ def rescue_results(batch, run_dir, session: int) -> str | None:
         lines.append(orjson.dumps(rec, default=str))
     data = b"\n".join(lines) + b"\n"
     name = f"rescued-session-{session}-{int(time.time())}.jsonl"
-    for folder in (str(run_dir), tempfile.gettempdir()):
-        path = os.path.join(folder, name)
+    path = os.path.join(str(run_dir), name)
+    try:
+        _write_private(path, data)
+        return path
+    except FileExistsError:
+        pass  # not ours (a symlink or another file planted there): never touched
+    except OSError:
         try:
-            with open(path, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            return path
+            os.unlink(path)
         except OSError:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-    return None
+            pass
+    try:
+        folder = tempfile.mkdtemp(prefix="specgen-rescue-")
+        path = os.path.join(folder, name)
+        _write_private(path, data)
+        return path
+    except OSError:
+        return None
+
+
+def import_rescued(store, run_dir) -> str | None:
+    """Take the results a previous session rescued (`rescued-session-*.jsonl` in the run dir)
+    into the store: each row whose task exists and has no result yet becomes its result and
+    the task is done, so a resume does not pay for it again. Each file read is renamed
+    `….imported`. Returns what was done (for the log), or None when there was no file."""
+    import os
+    from pathlib import Path
+
+    import orjson
+
+    from ..records import ResultRecord
+    from ..store import pack_ids, pack_json
+
+    files = sorted(Path(run_dir).glob(RESCUE_GLOB))
+    if not files:
+        return None
+    taken = skipped = 0
+    bad: list[str] = []
+    conn = store.conn
+    fields = ResultRecord._fields
+    cols = ", ".join(fields)
+    marks = ", ".join("?" * len(fields))
+    for path in files:
+        try:
+            lines = path.read_bytes().splitlines()
+            rows = [orjson.loads(line) for line in lines if line.strip()]
+        except (OSError, orjson.JSONDecodeError) as exc:
+            bad.append(f"{path.name}: {exc}")
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for rec in rows:
+                if not isinstance(rec, dict) or not isinstance(rec.get("task"), int):
+                    skipped += 1
+                    continue
+                task = conn.execute("SELECT status FROM tasks WHERE id=?",
+                                    (rec["task"],)).fetchone()
+                have = conn.execute("SELECT 1 FROM results WHERE task=?",
+                                    (rec["task"],)).fetchone()
+                if task is None or have is not None:
+                    skipped += 1  # a task the store never had, or one answered since
+                    continue
+                values = dict(rec)
+                for key in ("input_ids", "true_prompt_ids", "true_completion_ids"):
+                    if values.get(key) is not None:
+                        values[key] = pack_ids(values[key])
+                values["request"] = pack_json(values.get("request"))
+                conn.execute(f"INSERT INTO results({cols}) VALUES({marks})",
+                             [values.get(f) for f in fields])
+                conn.execute("UPDATE tasks SET status='done', error=NULL WHERE id=?",
+                             (rec["task"],))
+                taken += 1
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            os.replace(path, str(path) + ".imported")
+        except OSError as exc:
+            bad.append(f"{path.name}: not renamed ({exc})")
+    out = (f"imported {taken} rescued result(s) from {len(files)} file(s) "
+           f"({skipped} already in the store or without a task)")
+    return out + ("; could not read " + "; ".join(bad) if bad else "")

@@ -109,18 +109,55 @@ def prompt_repair(candidates: list[tuple[str, list[Message]]], target: int,
     return list(ids), [name], messages
 
 
+MAX_DEDUP_SINGLES = 8  # runs of repeated events tried one at a time at most (then: all)
+
+
 def _cut(text: str | None, spans: list[tuple[int, int]]) -> str | None:
-    if text is None:
-        return None
-    for offset, length in sorted(spans, reverse=True):
-        text = text[:offset] + text[offset + length:]
-    return text
+    """`text` without the `spans` (offset, length): one pass, however many there are."""
+    if text is None or not spans:
+        return text
+    parts, at = [], 0
+    for offset, length in sorted(spans):
+        if offset < at:  # overlapping spans: the part already cut
+            offset, length = at, max(0, offset + length - at)
+        parts.append(text[at:offset])
+        at = offset + length
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+def _runs(resp: Any) -> list[tuple[str, int, int]]:
+    """The first span of each run of repeated events: spans of one field that follow each
+    other with the same text. Taking out any one span of a run gives the same text (the
+    run's pieces are all equal), so one candidate per run says all they can."""
+    texts = {"content": resp.content or "", "reasoning": resp.reasoning or ""}
+    out: list[tuple[str, int, int]] = []
+    last: tuple[str, int, int] | None = None
+    for span in sorted(resp.duplicates or ()):
+        field, offset, length = span
+        if (last is not None and last[0] == field and last[1] + last[2] == offset
+                and last[2] == length and texts[field][last[1]:offset]
+                == texts[field][offset:offset + length]):
+            last = span  # the same run goes on
+            continue
+        out.append(span)
+        last = span
+    return out
 
 
 def dedup_candidates(resp: Any) -> list[Any]:
-    """The answer without the text of each repeated stream event (each alone, then all)."""
+    """The answer without the text of repeated stream events: each run of them with one
+    event taken out (a retransmission), when there are at most `MAX_DEDUP_SINGLES` runs, then
+    every repeat taken out (a relay doubling events). Each candidate is normalised and
+    rendered by the witness, so their number is bounded: a repetition loop of 64k identical
+    events is two candidates, not 64k."""
     spans = list(resp.duplicates or ())
-    choices = [[span] for span in spans] + ([spans] if len(spans) > 1 else [])
+    if not spans:
+        return []
+    runs = _runs(resp)
+    choices = [[span] for span in runs] if len(runs) <= MAX_DEDUP_SINGLES else []
+    if len(spans) > 1 or not choices:
+        choices.append(spans)
     out = []
     for chosen in choices:
         content = _cut(resp.content, [(o, n) for f, o, n in chosen if f == "content"])

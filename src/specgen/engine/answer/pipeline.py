@@ -1,7 +1,8 @@
 """The answer path: every answer passes the stages below, in order (docs/design.md, "How an
 answer travels").
 
-    accept ─► normalise ─► witness ─► quality ─► repetition ─► record
+    usage ─► accept ─► size ─► normalise ─► witness ─► repeats ─► quality ─► repetition
+    ─► record
 
 Each stage is a module with one entry point, `check(answer, context)`, that fills in its part
 of the `Answer` and returns an outcome (`Kept`, `Quarantined`, `Rejected`, `Fatal`) to end the
@@ -20,7 +21,7 @@ from ...client.types import ChatResponse
 from ...quality.monitor import Decision, QualityMonitor
 from ..budget import Charge
 from ..state import Job
-from . import accept, normalise, quality, record, repetition, witness
+from . import accept, normalise, quality, record, repeats, repetition, size, usage, witness
 from .attempt import Answer, AnswerContext
 from .observe import observation
 from .outcomes import Outcome
@@ -28,9 +29,12 @@ from .outcomes import Outcome
 Stage = Callable[[Answer, AnswerContext], Outcome | None]
 
 STAGES: tuple[Stage, ...] = (
+    usage.check,  # a malformed usage: treated as missing, a counted warning
     accept.check,  # provider, quantization and model allowed?
+    size.check,  # within [endpoint] max_answer_bytes?
     normalise.check,  # the assistant message and the sampled ids, or a quarantine reason
     witness.check,  # what the provider's own counts say of the ids (and count repairs)
+    repeats.check,  # repeated events no count can judge: quarantined
     quality.check,  # what the [quality] policy makes of that verdict
     repetition.check,  # a repetition loop in the sampled ids: flagged or quarantined
     record.check,  # the results row
