@@ -136,7 +136,9 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are
         cpu, res = bench.run_cpu(cfg)
     finally:
         server.shutdown()
-    assert res.returncode == 0, res.stderr[-3000:]
+    # the short answers' made-up counts decide the run's yield (exit 6 when most are
+    # quarantined), not the cap: what matters here is that the run ended on its own
+    assert res.returncode in (0, 6), res.stderr[-3000:]
     assert "answer_too_large" in res.stdout, res.stdout
     db = sqlite3.connect(tmp_path / "cap-dir" / "state.sqlite")
     reasons = [r for (r,) in db.execute("SELECT reason FROM quarantine")]
@@ -174,7 +176,8 @@ def test_a_relay_doubling_every_event_without_counts_is_quarantined_not_exported
         _, res = bench.run_cpu(cfg)
     finally:
         server.shutdown()
-    assert res.returncode == 0, res.stderr[-3000:]
+    # every answer quarantined: no sample, so the run is unproductive (exit 6)
+    assert res.returncode == 6, res.stderr[-3000:]
     db = sqlite3.connect(tmp_path / "dbl-dir" / "state.sqlite")
     assert db.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 0
     assert [r for (r,) in db.execute("SELECT reason FROM quarantine")] == ["repeated_events"]
