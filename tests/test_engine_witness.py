@@ -121,19 +121,44 @@ def test_unusable_counts_are_detected_and_samples_unverified(tmp_path):
     assert st["providers"]["P"]["count_checks"]["unverified"] == checks["unverified"]
 
 
-def test_a_provider_that_saw_another_prompt_never_gives_samples(tmp_path):
+def test_a_hidden_system_prompt_is_the_providers_rendering_recorded_on_each_sample(tmp_path):
     cfg, outcome = run(tmp_path, "hidden", 12, true_ids=False)
-    assert outcome.state == "finished", outcome  # quarantined by policy: the run did its work
+    assert outcome.state == "finished", outcome
     st = run_status(cfg.run_dir)["datasets"]["t"]
-    assert (st["done"], st["quarantined"]) == (0, 12)
-    assert st["quarantine_reasons"] == {"count_mismatch": 12}
+    assert (st["done"], st["quarantined"]) == (12, 0)
+    with Store.open(cfg.run_dir) as s:
+        rows = list(s.iter_results())
+    # one request shape (the same tools block): its first answer waited for the shape's
+    # rendering to be known, then was judged like the rest; none is left pending
+    assert {(r.count_check, r.prompt_check, r.prompt_delta, r.completion_check)
+            for r in rows} <= {("exact", "rendering", 20, "exact"),
+                               ("repaired", "rendering", 20, "repaired")}
+    assert len({r.prompt_shape for r in rows}) == 1
+
+
+def test_a_prompt_that_is_not_the_shapes_rendering_is_a_mismatch(tmp_path):
+    n = 24
+    cfg, outcome = run(tmp_path, "hidden_system_prompt_tokens = 20\nprompt_drop_rate = 0.3",
+                       n, true_ids=False)
+    assert outcome.state in ("finished", "stopped"), outcome
+    st = run_status(cfg.run_dir)["datasets"]["t"]
+    with Store.open(cfg.run_dir) as s:
+        checks = dict(s.conn.execute("SELECT count_check, COUNT(*) FROM results GROUP BY 1"))
+        sides = set(s.conn.execute("SELECT prompt_check, prompt_delta FROM results "
+                                   "WHERE count_check != 'mismatch'"))
+    assert "pending" not in checks  # every sample has its final verdict
+    assert sides <= {("rendering", 20)}
+    # a compressed prompt judged once the shape was known is quarantined; one that arrived
+    # while it was pending is marked mismatch when judged again (kept out of exports)
+    assert st["quarantine_reasons"].get("count_mismatch", 0) + checks.get("mismatch", 0) >= 3
+    assert st["quarantine_reasons"].get("count_mismatch", 0) >= 1, (st, checks)
     with Store.open(cfg.run_dir) as s:
         (detail,) = s.conn.execute("SELECT error FROM attempts WHERE outcome LIKE "
                                    "'quarantined:count_mismatch%' LIMIT 1").fetchone()
-    assert "prompt: ours" in detail and "provider" in detail
+    assert "prompt: ours" in detail and "request shape: +20" in detail
     # both counts are stored with the quarantine, and status, verify and the report show them
     figures = st["quarantine_details"]["count_mismatch"]
-    assert figures["prompt"]["provider"] == figures["prompt"]["ours"] + 20, figures
+    assert figures["prompt"]["provider"] < figures["prompt"]["ours"] + 20, figures
     assert figures["check"] == "mismatch"
     shown = f"prompt: ours {figures['prompt']['ours']}, provider {figures['prompt']['provider']}"
     assert any(shown in line for line in conversation_lines(st))
@@ -142,12 +167,6 @@ def test_a_provider_that_saw_another_prompt_never_gives_samples(tmp_path):
     assert shown in format_report(report)
     with read_snapshot(cfg.run_dir) as store:
         assert collect(store).quarantine_details == {"t": {"count_mismatch": figures}}
-    # flagged instead: kept in the store as mismatches, which no default export takes
-    cfg, outcome = run(tmp_path, "hidden", 12, true_ids=False,
-                       quality='[quality]\non_count_mismatch = "flag"', name="flagged")
-    with Store.open(cfg.run_dir) as s:
-        checks = dict(s.conn.execute("SELECT count_check, COUNT(*) FROM results GROUP BY 1"))
-    assert checks == {"mismatch": 12}
 
 
 def test_hosted_compact_arguments_become_the_models_own_ids(tmp_path):

@@ -63,6 +63,19 @@ def vouched_deltas(store: Store, per_provider: int = 50) -> list[tuple[str, int 
     return [(p, dp, dc) for p, dp, dc in rows]
 
 
+def prompt_shape_deltas(store: Store) -> list[tuple]:
+    """(provider, shape, prompt delta, prompt_check, task, completion_check) of
+    every sample whose prompt side was judged per request shape (docs/quality.md)."""
+    try:
+        return store.conn.execute(
+            "SELECT provider, prompt_shape, prompt_delta, prompt_check, task, "
+            "completion_check FROM results WHERE prompt_shape IS NOT NULL "
+            "AND prompt_delta IS NOT NULL AND provider IS NOT NULL "
+            "AND prompt_check NOT IN ('mismatch', 'unjudged') ORDER BY task").fetchall()
+    except sqlite3.OperationalError:
+        return []
+
+
 def conversation_shapes(store: Store) -> dict[str, dict[str, Any]]:
     """Per dataset: how many samples (regenerated turns) its conversations gave
     ({"turns_per_conversation": {"n": conversations}}, conversations without one left out), why conversations ended early

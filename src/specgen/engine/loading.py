@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from ..conversation import AssistantMessage, Conversation
-from ..queries import failed_tasks_by_class, vouched_deltas
+from ..queries import failed_tasks_by_class, prompt_shape_deltas, vouched_deltas
 from ..store import unpack_json
 from .progress import RowCounter
 from .providers import read_excluded
@@ -28,6 +28,10 @@ def load(engine, *, retry_failed: bool = False) -> None:
         store, names).items()})
     for provider, dp, dc in vouched_deltas(store):
         engine.witness.seed(provider, dp, dc)
+    for provider, shape, dp, p_check, task, c_check in prompt_shape_deltas(store):
+        engine.witness.seed_shape(provider, shape, dp, tools=False, key=task,
+                                  pending=p_check == "pending",
+                                  completion_check=c_check or "exact")
     _load_exclusions(engine)
     _load_datasets(engine)
     book = engine.book

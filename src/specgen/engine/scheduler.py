@@ -32,6 +32,7 @@ from . import attempts, figures, loading, periodic
 from .admission import Admission
 from .answer.attempt import AnswerContext
 from .answer.outcomes import Fatal, Kept, Quarantined, Rejected
+from .answer import rejudge
 from .answer.pipeline import AnswerPipeline
 from .answer.record import quarantine_record
 from .budget import Budget, Charge
@@ -355,6 +356,7 @@ class Engine:
             self.events.once(n.kind, job.ds.name, resp.provider, n.message)
         for decision in done.decisions:
             self.steering.carry_out(decision)
+        self.writer.batch.verdicts.update(done.rejudged)  # pending prompt sides now judged
         outcome = done.outcome
         if isinstance(outcome, Kept):
             self._keep(job, resp, charge, outcome, pstats)
@@ -462,6 +464,7 @@ class Engine:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
             await self.writer.wait_idle()
+        self.writer.batch.verdicts.update(rejudge.settle(self.witness))  # no sample left pending
         await periodic.settle_store(self)
         return self._finish()
 
