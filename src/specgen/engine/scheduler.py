@@ -30,9 +30,9 @@ from ..request import request_dialect, with_max_tokens
 from ..store import Store
 from . import attempts, figures, loading, periodic
 from .admission import Admission
+from .answer import rejudge
 from .answer.attempt import AnswerContext
 from .answer.outcomes import Fatal, Kept, Quarantined, Rejected
-from .answer import rejudge
 from .answer.pipeline import AnswerPipeline
 from .answer.record import quarantine_record
 from .budget import Budget, Charge
