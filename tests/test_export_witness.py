@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 
 from specgen.conversation import AssistantMessage
 from specgen.export import ExportOptions, export_run
+from specgen.records import ResultRecord
 from specgen.render import get_renderer
 from specgen.report import build_report
-from specgen.records import ResultRecord
 from specgen.store import Batch, Store, pack_ids, pack_json
 from specgen.tokenizer import load_tokenizer
 from specgen.verify import format_report, verify_run
