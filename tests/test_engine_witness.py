@@ -245,8 +245,12 @@ def test_duplicated_stream_events_are_taken_out_when_the_count_says_so(tmp_path)
     # provider without the quirk gives the truth to compare with
     # (half the answers: the plain ones teach the provider's offset first; a one-token
     # duplicate is never explained away before that is known)
-    quirky, _ = run(tmp_path, "duplicated", 40, true_ids=False, name="dup", rows=prompt_rows)
-    clean, _ = run(tmp_path, "clean", 40, true_ids=False, name="clean", rows=prompt_rows)
+    # one request at a time: which answers arrive before the offset is known is then the
+    # dataset's order, not the scheduler's (a one-token repeat waits for the offset)
+    quirky, _ = run(tmp_path, "duplicated", 40, true_ids=False, name="dup", rows=prompt_rows,
+                    endpoint="concurrency = 1\nmin_concurrency = 1")
+    clean, _ = run(tmp_path, "clean", 40, true_ids=False, name="clean", rows=prompt_rows,
+                   endpoint="concurrency = 1\nmin_concurrency = 1")
     with Store.open(clean.run_dir) as s:
         truth = {r.conv_id: (r.input_ids, r.count_check) for r in s.iter_results()}
     with Store.open(quirky.run_dir) as s:

@@ -31,7 +31,7 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
     verdict = judge(a, ctx)
     a.verdict = verdict
     check_ = verdict.check
-    if check_ == "repaired":
+    if check_ != "mismatch" and verdict.repairs:  # repaired (or pending on its prompt side)
         if verdict.message is not None:
             a.message, a.completion = verdict.message, verdict.ids
         if verdict.prompt_ids is not None:  # the model saw another prompt: that one
