@@ -110,15 +110,53 @@ def test_the_witness_is_right_against_the_true_ids(tmp_path, kind):
 
 
 def test_unusable_counts_are_detected_and_samples_unverified(tmp_path):
-    cfg, outcome = run(tmp_path, "noisy", 4 * UNUSABLE_AFTER + 20, true_ids=False)
+    # the alarm off: the provider's samples are kept, marked unverified
+    cfg, outcome = run(tmp_path, "noisy", 4 * UNUSABLE_AFTER + 20, true_ids=False,
+                       quality="[quality]\nalarms = { unverifiable = false }")
     assert outcome.state == "finished", outcome
     with Store.open(cfg.run_dir) as s:
         checks = dict(s.conn.execute("SELECT count_check, COUNT(*) FROM results GROUP BY 1"))
         (unusable,) = s.conn.execute("SELECT COUNT(*) FROM events WHERE kind='counts_unusable'"
                                      ).fetchone()
-    assert checks.get("unverified", 0) >= 10 and unusable == 1
+        (quarantined,) = s.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()
+    assert checks.get("unverified", 0) >= 60 and unusable == 1
+    assert quarantined <= UNUSABLE_AFTER + 10  # classified within its first ~20 answers
     st = run_status(cfg.run_dir)
     assert st["providers"]["P"]["count_checks"]["unverified"] == checks["unverified"]
+
+
+def test_a_run_whose_answers_the_counts_cannot_vouch_for_stops_exit_5(tmp_path):
+    # defaults: the unverifiable alarm stops the run, naming the counts; never "finished"
+    cfg, outcome = run(tmp_path, "noisy", 4 * UNUSABLE_AFTER + 20, true_ids=False)
+    assert outcome.state == "stopped" and outcome.exit_code == 5, outcome
+    assert "alarm unverifiable" in outcome.stop_reason, outcome.stop_reason
+    assert "count_mismatch" in outcome.stop_reason or "counts_unusable" in outcome.stop_reason
+
+
+def test_a_provider_counting_with_another_tokenizer_is_named_and_excluded(tmp_path):
+    # the simulator counts with its demo vocabulary; the run rebuilds ids with the real Kimi
+    # tokenizer: the counts are another tokenizer's, classified within its first answers
+    from conftest import model_path
+
+    kimi = model_path("kimi-k2.5")
+    sim = SimProcess(tmp_path, SIM.format(provider=PROVIDERS["clean"]), name="foreign")
+    try:
+        write_jsonl(tmp_path / "t.jsonl", prompt_rows(80))
+        path = write_config(tmp_path, sim.url,
+                            [{"name": "t", "path": "t.jsonl", "turns": "first"}],
+                            endpoint="return_token_ids = false", name="foreign",
+                            extra="[quality]\nauto_exclude = true")
+        path.write_text(path.read_text().replace('tokenizer = "demo"', f'tokenizer = "{kimi}"'))
+        cfg, outcome = go(path)
+    finally:
+        sim.stop()
+    assert outcome.exit_code == 5 and outcome.state == "stopped", outcome
+    with Store.open(cfg.run_dir) as s:
+        kinds = {k for (k,) in s.conn.execute("SELECT kind FROM events")}
+        (answered,) = s.conn.execute("SELECT COUNT(*) FROM attempts WHERE outcome NOT LIKE "
+                                     "'rejected:%'").fetchone()
+    assert "counts_unusable" in kinds or "provider_excluded" in kinds, kinds
+    assert answered <= 60, answered  # stopped in its first answers, not after 80
 
 
 def test_a_hidden_system_prompt_is_the_providers_rendering_recorded_on_each_sample(tmp_path):

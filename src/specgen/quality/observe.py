@@ -60,6 +60,10 @@ class Observation:
     truncated: bool = False
     quantization_mismatch: bool = False
     after_tool_result: bool = False  # the request's last message is a tool result
+    # the count witness's verdict whatever the provider's counting state (None: not judged,
+    # or true ids), and whether that provider's counts turned out unusable
+    witness: str | None = None
+    counts_unusable: bool = False
 
     @classmethod
     def of_answer(cls, *, provider: str | None, dataset: str, task: int, outcome: str,
@@ -68,7 +72,8 @@ class Observation:
                   api_calls: bool = False, message_calls: bool | None = None,
                   repairs: Sequence[str] = (), count_check: str | None = None,
                   finish_reason: str | None = None, quantization_mismatch: bool = False,
-                  after_tool_result: bool = False) -> Observation:
+                  after_tool_result: bool = False, witness: str | None = None,
+                  counts_unusable: bool = False) -> Observation:
         """The observation of an answer from its raw fields (`content`, `reasoning`,
         `api_calls`: the API returned structured calls) and what the engine made of it
         (`message_calls`: the kept message has calls; `repairs`; `count_check`)."""
@@ -83,7 +88,8 @@ class Observation:
                    count_check=count_check if count_check in JUDGED else None,
                    truncated=finish_reason == "length",
                    quantization_mismatch=quantization_mismatch,
-                   after_tool_result=after_tool_result)
+                   after_tool_result=after_tool_result, witness=witness,
+                   counts_unusable=counts_unusable)
 
 
 class Rolling:

@@ -73,6 +73,11 @@ class Side:
             return "off_by_content", 0  # e.g. a hidden system prompt: every answer mismatches
         return ("stable" if share >= STABLE_SHARE else "unsettled"), offset
 
+    def scattered(self) -> bool:
+        """No delta holds half of at least UNUSABLE_AFTER answers: no counting at all."""
+        n = len(self.deltas)
+        return n >= UNUSABLE_AFTER and self.counts.most_common(1)[0][1] / n < UNUSABLE_SHARE
+
     def settled(self) -> bool:
         """The deltas hold one constant (whatever it is) for most recent answers."""
         n = len(self.deltas)
@@ -156,7 +161,9 @@ class CountWitness:
         if plain:
             cs.add(dc)
         verdict = Verdict("exact")
-        if c_state == "unusable" or (plain and cs.state()[0] == "unusable"):
+        every = self._side(provider, "every")  # every answer's delta, after its repair
+        if c_state == "unusable" or (plain and cs.state()[0] == "unusable") \
+                or every.scattered():
             verdict = Verdict("unverified", f"{provider}'s completion counts are unusable "
                                             f"(ours {completion}, provider {theirs_c})")
         elif dc != c_off:
@@ -175,6 +182,10 @@ class CountWitness:
                 problems.append(f"completion: ours {completion}, provider {theirs_c} "
                                 f"(expected offset {c_off:+d})")
         verdict.settled = settled
+        if verdict.ids is not None:  # the delta that is left: the provider's counting
+            every.add(theirs_c - len(verdict.ids))
+        elif verdict.check != "unverified" and (not problems or abs(dc - c_off) > MAX_OFFSET):
+            every.add(dc)  # (a small unexplained delta may be a transformation's: left out)
         c_check = "mismatch" if problems else verdict.check
         if dp is not None:
             p_check = self.shapes.judge(provider, shape, dp, tools=tools, key=key,
@@ -232,11 +243,16 @@ class CountWitness:
 
     def unusable(self, provider: str) -> bool:
         side = self.sides.get((provider, "completion"))
-        return side is not None and side.state()[0] == "unusable"
+        every = self.sides.get((provider, "every"))
+        return (side is not None and side.state()[0] == "unusable") or (
+            every is not None and every.scattered())
 
     def to_json(self) -> dict[str, Any]:
         shapes = self.shapes.to_json()
         out = {p: self.state(p) for p in sorted({p for p, _ in self.sides})}
+        for p, st in out.items():
+            if self.unusable(p):
+                st["counts_unusable"] = True
         for p, by_shape in shapes.items():
             out.setdefault(p, {})["prompt_shapes"] = by_shape
         return out
