@@ -16,6 +16,7 @@ import pytest
 
 from conftest import model_path
 from official_kimi import OfficialKimi
+from specgen.engine.status import run_status
 from specgen.store import Store
 from test_engine_sim import go
 from test_engine_support import write_config, write_jsonl
@@ -138,3 +139,7 @@ def test_a_real_answer_is_kept_whatever_the_providers_rendering(tmp_path, offici
         call = r.message["tool_calls"][0]["function"]["arguments"]
         assert call == '{"a": 2, "b": 3}'  # the model's own form, as the count says
     assert len({r.prompt_shape for r in got}) == 2  # one shape per tools block
+    # status shows both sides per provider
+    sides = run_status(cfg.run_dir)["providers"]["Together"]["witness_sides"]
+    assert sides == {"prompt": {"rendering": 9}, "completion": {"repaired": 9},
+                     "prompt_deltas": {"+9": 6, "-21": 3}}
