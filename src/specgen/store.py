@@ -619,7 +619,7 @@ class Store:
             if batch.attempts:
                 c.executemany(_INSERT_ATTEMPT, batch.attempts)
             if batch.results:
-                c.executemany(_INSERT_RESULT, batch.results)
+                c.executemany(_INSERT_RESULT, _full_rows(batch.results))
             if batch.verdicts:
                 c.executemany(
                     "UPDATE results SET count_check=?, prompt_check=? WHERE task=?",
@@ -918,6 +918,15 @@ _INSERT_RESULT = _insert("results", ResultRecord)
 _INSERT_QUARANTINE = _insert("quarantine", QuarantineRecord)
 _INSERT_EVENT = _insert("events", EventRecord)
 _INSERT_INVALID_ROW = _insert("invalid_rows", InvalidRowRecord, verb="INSERT OR REPLACE")
+
+
+def _full_rows(rows: list) -> list:
+    """Result rows as the insert takes them: a plain tuple of the columns before the added
+    ones (a row built before they existed) gets NULL for them."""
+    n = len(ResultRecord._fields)
+    if all(len(r) == n for r in rows):
+        return rows
+    return [r if len(r) == n else (*r, *(None,) * (n - len(r))) for r in rows]
 
 
 @dataclass(slots=True)
