@@ -17,6 +17,8 @@ import pytest
 from conftest import model_path
 from official_kimi import OfficialKimi
 from specgen.engine.status import run_status
+from specgen.export.snapshot import read_snapshot
+from specgen.report.stats import collect
 from specgen.store import Store
 from test_engine_sim import go
 from test_engine_support import write_config, write_jsonl
@@ -143,3 +145,8 @@ def test_a_real_answer_is_kept_whatever_the_providers_rendering(tmp_path, offici
     sides = run_status(cfg.run_dir)["providers"]["Together"]["witness_sides"]
     assert sides == {"prompt": {"rendering": 9}, "completion": {"repaired": 9},
                      "prompt_deltas": {"+9": 6, "-21": 3}}
+    # and the report, per provider
+    with read_snapshot(cfg.run_dir) as store:
+        stats = collect(store)
+    (together,) = [p for p in stats.providers if p["provider"] == "Together"]
+    assert together["witness_sides"] == sides
