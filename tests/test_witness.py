@@ -171,3 +171,14 @@ def test_a_right_completion_is_kept_whatever_the_providers_rendering():
                 shape="two-tools", tools=True, key=9)
     assert (v.check, v.completion_check, v.prompt_check) == ("mismatch", "mismatch",
                                                               "unjudged")
+
+
+def test_a_resumed_run_judges_the_samples_an_earlier_session_left_pending():
+    book = ShapeBook()  # rows in task order, as the store gives them on resume
+    book.seed("P", "s", 9, tools=True, key=1, pending=True)
+    assert book.take_resolved() == []
+    book.seed("P", "s", 9, tools=True, key=2)  # judged its rendering then
+    book.seed("P", "s", 4, tools=True, key=3, pending=True)
+    got = {r.key: r.prompt_check for r in book.take_resolved()}
+    assert got == {1: "rendering", 3: "mismatch"}
+    assert book.settle() == []

@@ -139,7 +139,11 @@ class ShapeBook:
         """A delta known before this session (a probe, an earlier session's sample); a
         `pending` one is judged again like this session's."""
         side = self._side(provider, shape, tools)
-        if pending and side.known is None and delta != 0:
+        if pending and side.known is not None:  # known from the rows before it: judged now
+            side.deltas[delta] += 1
+            self.resolved.append(Resolved(key, completion_check, _verdict(delta, side.known)))
+            return
+        if pending and delta != 0:
             side.deltas[delta] += 1
             side.pending.append((key, delta, completion_check))
             self._maybe_known(side)
