@@ -17,6 +17,7 @@ import pytest
 from conftest import model_path
 from official_kimi import OfficialKimi
 from specgen.engine.status import run_status
+from specgen.export import ExportOptions, export_run
 from specgen.export.snapshot import read_snapshot
 from specgen.report.stats import collect
 from specgen.store import Store
@@ -150,3 +151,11 @@ def test_a_real_answer_is_kept_whatever_the_providers_rendering(tmp_path, offici
         stats = collect(store)
     (together,) = [p for p in stats.providers if p["provider"] == "Together"]
     assert together["witness_sides"] == sides
+    # and the exports: each sample's two sides
+    out = tmp_path / "t.jsonl"
+    export_run(cfg.run_dir, ExportOptions(format="tokens", jsonl=True, out=out))
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(exported) == 9
+    assert {(e["prompt_check"], e["completion_check"], e["completion_delta"])
+            for e in exported} == {("rendering", "repaired", 3)}
+    assert sorted(e["prompt_delta"] for e in exported) == [-21] * 3 + [9] * 6

@@ -105,15 +105,20 @@ def _tokens_cost(s: RunStats) -> Section:
                for d in s.datasets]
     pr_rows = [[p["provider"], p["samples"], p["prompt_tokens"], p["completion_tokens"],
                 usd(p["cost_usd"]), usd(p["billed_usd"]), p["attempts"], p["failed_attempts"],
-                _count_checks(p.get("count_checks")), _sides(p.get("witness_sides"))]
+                _count_checks(p.get("count_checks"))]
                for p in s.providers]
+    sides = any(p.get("witness_sides") for p in s.providers)  # stores made before: none
+    if sides:
+        for row, p in zip(pr_rows, s.providers, strict=True):
+            row.append(_sides(p.get("witness_sides")))
     sec = Section("tokens-cost", "Tokens and cost", [
         Table("Per dataset", ["dataset", "samples", "conversations", "prompt tok", "completion tok",
                               "reasoning tok", "trained tok", "cost (kept)", "billed (all)",
                               "attempts", "failed attempts"], ds_rows),
         Table("Per provider", ["provider", "samples", "prompt tok", "completion tok",
                                "cost (kept)", "billed (all)", "attempts", "failed attempts",
-                               "count checks", "witness sides"], pr_rows)])
+                               "count checks", *(["witness sides"] if sides else [])],
+              pr_rows)])
     sec.notes.append("Tokens are the API's usage counts; 'trained tok' counts our ids under loss "
                      "mask 1. 'billed (all)' adds the cost of attempts that were retried, "
                      "rejected or quarantined. An attempt is one HTTP try of a task (one "
