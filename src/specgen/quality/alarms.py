@@ -35,7 +35,7 @@ ALARMS: dict[str, tuple[float, int, bool, str]] = {
     "count_mismatch": (0.2, 20, False, "judged answers whose provider counts contradict "
                                        "the sample"),
     "quarantine": (0.3, 20, False, "answers quarantined for a reason no other alarm watches"),
-    "unverifiable": (0.5, 20, False, "answers quarantined, or whose provider's counts "
+    "unverifiable": (0.5, 40, False, "answers quarantined, or whose provider's counts "
                                      "contradict them or cannot vouch for them (unusable "
                                      "counts), whatever the counting's state"),
     "empty": (0.2, 20, False, "empty answers"),
