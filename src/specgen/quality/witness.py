@@ -4,21 +4,25 @@ On a hosted API the rebuilt ids are a reconstruction; the provider's `usage.prom
 `usage.completion_tokens` (counted with the model's own tokenizer on most stacks) are the one
 independent witness of what the model processed and sampled. Each sample gets a verdict:
 
-* `exact` — both counts agree with ours after the provider's learned offset;
+* `exact` — the completion count agrees with ours after the provider's learned offset, and
+  the prompt is the official rendering or this provider's rendering of its request shape;
 * `repaired` — the completion (or the prompt) agrees after a count-guided repair
   (`quality.repairs`);
+* `pending` — the completion is right, the prompt side waits for its shape's rendering
+  (`quality.shapes`): judged again once known, or when the session ends;
 * `unverified` — no witness: the provider reports no usage, or its counts are unusable
   (its deltas against ours never settle on a constant);
-* `mismatch` — the counts contradict our ids: the sample is wrong (a prompt mismatch means the
-  model saw another prompt, whatever the completion).
+* `mismatch` — the counts contradict our ids on either side: the sample is wrong.
 
-Offsets are learned per provider and side from the deltas (provider − ours) of its answers
-(the completion side from plain answers only: those no known transformation could touch):
-most providers count exactly (0); some count the stop token differently (a constant of at
-most `MAX_OFFSET`; a larger constant is content, e.g. a hidden system prompt, and stays a
-mismatch). Until a provider has `WARMUP` answers the offset is taken as 0, so a provider that
-counts differently loses up to `WARMUP` samples to `mismatch` first. Its counts are `unusable`
-once `UNUSABLE_AFTER` answers show no delta holding half of them.
+The two sides are judged apart and recorded on the verdict (`prompt_check`,
+`completion_check`, both deltas, the request shape). The prompt side is learnt per provider
+and request shape by `quality.shapes.ShapeBook` (docs/quality.md, "Two sides"). The completion
+offset is learnt per provider from the deltas (provider − ours) of its plain answers (those no
+known transformation could touch): most providers count exactly (0); some count the stop
+token differently (a constant of at most `MAX_OFFSET`). Until a provider has `WARMUP` answers
+the offset is taken as 0. Its counts are `unusable` once `UNUSABLE_AFTER` answers show no
+delta holding half of them (every answer, its delta taken after its repair), or
+`UNUSABLE_AFTER` plain ones hold none for `STABLE_SHARE` while scattering.
 
 `CountWitness.judge` is the one entry point.
 """
