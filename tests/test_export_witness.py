@@ -21,9 +21,10 @@ import pyarrow.parquet as pq
 
 from specgen.conversation import AssistantMessage
 from specgen.export import ExportOptions, export_run
+from specgen.records import ResultRecord
 from specgen.render import get_renderer
 from specgen.report import build_report
-from specgen.store import RESULT_INSERT_COLUMNS, Batch, Store, pack_ids, pack_json
+from specgen.store import Batch, Store, pack_ids, pack_json
 from specgen.tokenizer import load_tokenizer
 from specgen.verify import format_report, verify_run
 from test_export_support import chat
@@ -80,8 +81,7 @@ def build(run_dir: Path, convs: list[dict], decide: Callable[[dict], dict] | Non
                       o["prompt_tokens"], o["completion_tokens"], 2, 0.001,
                       orjson.dumps(o["repairs"]).decode(), 0.5, now, o["count_check"], None,
                       o.get("quantization"), None)
-            assert len(values) == len(RESULT_INSERT_COLUMNS.split(","))
-            b.results.append(values)
+            b.results.append(ResultRecord(*values))
     store.write(b)
     store.close()
     return run_dir
@@ -255,7 +255,8 @@ def test_mismatch_excluded_by_default_and_included_on_request(tmp_path):
     assert read(out)[1]["count_check"] == "true_ids"
     manifest = json.loads((tmp_path / "t.manifest.json").read_text())
     assert manifest["excluded"]["samples"] == 1
-    assert manifest["excluded"]["by_reason"] == {"count_mismatch": 1, "provider_excluded": 0}
+    assert manifest["excluded"]["by_reason"] == {"count_mismatch": 1, "provider_excluded": 0,
+                                                 "witness_pending": 0}
     assert "count_check = mismatch" in manifest["excluded"]["why"]
     assert manifest["totals"]["excluded_mismatch"] == 1 == manifest["per_dataset"]["d"][
         "excluded_mismatch"]
@@ -380,3 +381,17 @@ def test_report_per_provider_table_has_count_checks(tmp_path):
     gamma = next(x for x in block.splitlines() if x.strip().startswith("gamma"))
     assert gamma.rstrip().endswith("unchecked 1, unverified 1")
     assert "count checks" in build_report(run)
+
+
+def test_a_sample_pending_judgement_is_not_exported(tmp_path):
+    # a run killed before its end left a sample whose prompt side is not judged yet
+    def decide(ctx):
+        return {"count_check": "pending"} if ctx["conv_id"] == "c0001" else {}
+
+    run = build(tmp_path / "run", [chat(i) for i in range(3)], decide)
+    out = tmp_path / "t.parquet"
+    proc = specgen("export", str(run), "--format", "tokens", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert [r["conv_id"] for r in read(out)] == ["c0000", "c0002"]
+    manifest = json.loads((tmp_path / "t.manifest.json").read_text())
+    assert manifest["excluded"]["by_reason"]["witness_pending"] == 1

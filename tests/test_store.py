@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from specgen.queries import detail_text, quarantine_details
-from specgen.records import QuarantineRecord
+from specgen.records import QuarantineRecord, ResultRecord
 from specgen.store import (
     Batch,
     Store,
@@ -33,7 +33,7 @@ def conv_row(cid: int, ds: str = "a", conv_id: str | None = None, row: int = 0,
 
 def result_row(task: int, conv: int, ds: str = "a", turn: int = 1, ids=(1, 2, 3, 4),
                n_prompt: int = 2):
-    return (task, conv, ds, turn, "p1", "m", "stop", "stop",
+    return ResultRecord(task, conv, ds, turn, "p1", "m", "stop", "stop",
             pack_json({"messages": [{"role": "user", "content": "q"}], "tools": None}),
             orjson.dumps({"role": "assistant", "content": "a"}).decode(), pack_ids(ids),
             n_prompt, None, None, 10, 5, 0, 0.01, "[]", 0.5, time.time(), "exact", None, "fp8", None)
@@ -200,8 +200,8 @@ def test_tool_matches_are_stored_and_old_stores_stay_readable(tmp_path):
     b.tasks[4] = (4, 4, "a", 3, "done", 1, None)
     b.conv_status[4] = ("ended", "tool_name_mismatch")
     b.attempts.append(attempt_row(4))
-    b.results.append((*result_row(4, 4, turn=3)[:-3], encode_tool_matches(["exact", "name"]),
-                      "fp8", None))
+    b.results.append(result_row(4, 4, turn=3)._replace(
+        tool_matches=encode_tool_matches(["exact", "name"]), quantization="fp8", sampling=None))
     store.write(b)
     rows = {r.task: r.tool_matches for r in store.iter_results()}
     assert rows == {1: [], 4: ["exact", "name"]}
@@ -244,3 +244,31 @@ def test_a_store_from_before_quarantine_detail_migrates_on_open(tmp_path):
         assert quarantine_details(store) == {"a": {"count_mismatch": figures}}
         assert store.quarantine_counts() == {"a": {"count_mismatch": 2}}
     assert detail_text(figures) == "check: mismatch; prompt: ours 209, provider 229"
+
+
+def test_older_stores_get_the_witness_side_columns_on_open(tmp_path):
+    store = seeded(tmp_path)
+    added = ("prompt_delta", "completion_delta", "prompt_check", "completion_check",
+             "prompt_shape")
+    for name in added:
+        store.conn.execute(f"ALTER TABLE results DROP COLUMN {name}")
+    store.close()
+    with Store.open(tmp_path, readonly=True) as old:  # read as it is: the sides unknown
+        rows = list(old.iter_results())
+        assert rows and all(r.prompt_check is None and r.prompt_delta is None for r in rows)
+    store = Store.create(tmp_path)  # opened to write: the columns are added
+    have = {row[1] for row in store.conn.execute("PRAGMA table_info(results)")}
+    assert set(added) <= have
+    b = Batch()
+    b.tasks[9] = (9, 1, "a", 7, "done", 1, None)
+    b.results.append(result_row(9, 1, turn=7)._replace(
+        prompt_delta=9, completion_delta=0, prompt_check="pending", completion_check="exact",
+        prompt_shape="abc"))
+    store.write(b)
+    b = Batch()
+    b.verdicts[9] = ("exact", "rendering")  # judged again once the shape is known
+    store.write(b)
+    (r,) = [r for r in store.iter_results() if r.task == 9]
+    assert (r.count_check, r.prompt_check, r.prompt_delta, r.prompt_shape) == (
+        "exact", "rendering", 9, "abc")
+    store.close()

@@ -9,6 +9,7 @@ import pytest
 
 from specgen.conversation import AssistantMessage, ToolCall
 from specgen.quality.repairs import candidates, count_repair
+from specgen.quality.shapes import ShapeBook, combine, shape_signature
 from specgen.quality.witness import MAX_OFFSET, UNUSABLE_AFTER, WARMUP, CountWitness
 from specgen.render import get_renderer
 from specgen.tokenizer import load_tokenizer
@@ -23,8 +24,15 @@ def test_exact_and_mismatch():
     assert w.judge("A", prompt=100, completion=50, usage=usage(100, 50)).check == "exact"
     v = w.judge("A", prompt=100, completion=50, usage=usage(100, 53))
     assert v.check == "mismatch" and "ours 50, provider 53" in v.detail
-    v = w.judge("A", prompt=100, completion=50, usage=usage(112, 50))
-    assert v.check == "mismatch" and v.detail.startswith("prompt: ours 100, provider 112")
+    # the prompt side is judged per request shape: a first delta is pending until the
+    # provider's rendering of that shape is known; another delta then is a mismatch
+    v = w.judge("A", prompt=100, completion=50, usage=usage(112, 50), shape="s", key=1)
+    assert (v.check, v.prompt_check, v.prompt_delta) == ("pending", "pending", 12)
+    v = w.judge("A", prompt=90, completion=50, usage=usage(102, 50), shape="s", key=2)
+    assert (v.check, v.prompt_check) == ("exact", "rendering")
+    assert [(r.key, r.prompt_check) for r in w.shapes.take_resolved()] == [(1, "rendering")]
+    v = w.judge("A", prompt=100, completion=50, usage=usage(105, 50), shape="s", key=3)
+    assert v.check == "mismatch" and v.detail.startswith("prompt: ours 100, provider 105")
     assert w.judge("A", prompt=1, completion=1, usage={}).check == "unverified"
     assert w.judge("A", prompt=1, completion=1, usage={"completion_tokens": True}).check \
         == "unverified"
@@ -38,11 +46,13 @@ def test_a_constant_offset_is_learned_but_a_large_one_is_content():
     assert checks[WARMUP:] == ["exact"] * 5
     assert w.state("B")["completion"] == {"state": "stable", "offset": -1,
                                           "answers": WARMUP + 5}
-    # a hidden system prompt: a constant too, but never learned away
-    for _ in range(WARMUP + 5):
-        v = w.judge("C", prompt=10, completion=40, usage=usage(10 + MAX_OFFSET + 10, 40))
-        assert v.check == "mismatch"
-    assert w.state("C")["prompt"]["state"] == "off_by_content"
+    # a hidden system prompt: a constant per request shape on the prompt side, so the
+    # provider's rendering of that shape (recorded on each sample), not a defect
+    checks = [w.judge("C", prompt=10, completion=40, usage=usage(10 + MAX_OFFSET + 10, 40),
+                      shape="s", key=k).check for k in range(WARMUP)]
+    assert checks == ["pending"] + ["exact"] * (WARMUP - 1)
+    assert [r.key for r in w.shapes.take_resolved()] == [0]
+    assert w.to_json()["C"]["prompt_shapes"]["s"]["delta"] == MAX_OFFSET + 10
 
 
 def test_counts_that_never_settle_are_unusable():
@@ -105,3 +115,70 @@ def test_the_witness_takes_a_repair_that_makes_the_counts_agree(renderer):
                 repair=lambda n: count_repair(served, n, renderer.completion_ids))
     assert v.check == "repaired" and v.repairs == ["arguments_spaced"] and v.ids == truth
     assert w.state("Groq")["completion"]["offset"] == 0  # explained: not a counting offset
+
+
+def test_the_shape_signature_is_the_tools_block_system_prompt_and_thinking_mode():
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"a": 1, "b": 2}}}]
+    same = [{"function": {"parameters": {"b": 2, "a": 1}, "name": "add"}, "type": "function"}]
+    user = [{"role": "user", "content": "hi"}]
+    system = [{"role": "system", "content": "be brief"}, *user]
+    sig = shape_signature(tools, user, True)
+    assert sig == shape_signature(same, [{"role": "user", "content": "other"}], True)
+    assert len({sig, shape_signature(None, user, True), shape_signature(tools, system, True),
+                shape_signature(tools, user, False), shape_signature(tools, user, None)}) == 5
+
+
+@pytest.mark.parametrize("order", [[9, 9, 4], [9, 4, 9], [4, 9, 9]])
+def test_no_verdict_depends_on_the_order_answers_arrive(order):
+    book = ShapeBook()
+    final = {}
+    for key, delta in enumerate(order):
+        final[key] = book.judge("P", "s", delta, tools=True, key=key)
+    final.update({r.key: r.prompt_check for r in book.take_resolved()})
+    final.update({r.key: r.prompt_check for r in book.settle()})
+    assert sorted(final.values()) == ["mismatch", "rendering", "rendering"]
+    assert all(final[k] == ("mismatch" if d == 4 else "rendering") for k, d in enumerate(order))
+
+
+def test_settling_gives_every_pending_sample_a_verdict():
+    book = ShapeBook()
+    assert book.judge("P", "once", 7, tools=True, key=1) == "pending"
+    assert book.judge("P", "tie", 3, tools=True, key=2) == "pending"
+    assert book.judge("P", "tie", 5, tools=True, key=3) == "pending"
+    # exact agreement with the official rendering is never pending, and never a mismatch
+    assert book.judge("P", "tie", 0, tools=True, key=4) == "exact"
+    got = {r.key: r.prompt_check for r in book.settle()}
+    assert got == {1: "rendering", 2: "unverified", 3: "unverified"}
+    assert book.settle() == []
+    # a prompt shorter than ours with no tools to render compactly: a dropped message
+    assert book.judge("P", "plain", -40, tools=False) == "mismatch"
+    assert book.judge("P", "tools", -40, tools=True) == "pending"  # compact declarations
+    assert combine("repaired", "rendering") == "repaired"
+    assert combine("exact", "pending") == "pending"
+    assert combine("mismatch", "pending") == "mismatch"
+
+
+def test_a_right_completion_is_kept_whatever_the_providers_rendering():
+    w = CountWitness()
+    for i in range(3):  # Together renders the two-tool declaration 9 tokens longer
+        v = w.judge("Together", prompt=209, completion=30, usage=usage(218, 30),
+                    shape="two-tools", tools=True, key=i)
+        assert v.completion_check == "exact" and v.prompt_delta == 9
+    assert v.check == "exact" and v.prompt_check == "rendering"
+    assert [r.prompt_check for r in w.shapes.take_resolved()] == ["rendering"]
+    # a wrong completion is a mismatch whatever the prompt side: that side is not judged
+    v = w.judge("Together", prompt=209, completion=30, usage=usage(218, 45),
+                shape="two-tools", tools=True, key=9)
+    assert (v.check, v.completion_check, v.prompt_check) == ("mismatch", "mismatch",
+                                                              "unjudged")
+
+
+def test_a_resumed_run_judges_the_samples_an_earlier_session_left_pending():
+    book = ShapeBook()  # rows in task order, as the store gives them on resume
+    book.seed("P", "s", 9, tools=True, key=1, pending=True)
+    assert book.take_resolved() == []
+    book.seed("P", "s", 9, tools=True, key=2)  # judged its rendering then
+    book.seed("P", "s", 4, tools=True, key=3, pending=True)
+    got = {r.key: r.prompt_check for r in book.take_resolved()}
+    assert got == {1: "rendering", 3: "mismatch"}
+    assert book.settle() == []

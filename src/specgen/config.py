@@ -241,6 +241,9 @@ class QualityConfig:
     # repetition loops in the sampled ids (quality.repetition): false, tokens, or
     # {tokens, period, action = "flag" | "quarantine"}; flagged at 64+ tokens by default
     repetition: dict[str, Any] | bool | int = field(default_factory=dict)
+    # a probe.json (`specgen probe`): each provider's prompt delta per request shape, known
+    # from the run's first answer on (docs/quality.md, "Two sides")
+    witness_from: Path | None = None
 
 
 @dataclass
@@ -465,6 +468,17 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
     _validate_numbers(cfg, where)
     _validate_quality(cfg.quality, where)
     _check_sampling_values(cfg.sampling, where)
+    if cfg.quality.witness_from is not None:
+        cfg.quality.witness_from = _resolve(base, cfg.quality.witness_from)
+        if not cfg.quality.witness_from.is_file():
+            raise ConfigError(f"{where}: quality.witness_from: no file "
+                              f"{cfg.quality.witness_from} (a probe.json of `specgen probe`)")
+        from .quality.witness_from import read_deltas
+
+        try:
+            read_deltas(cfg.quality.witness_from)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     if cfg.sim.config is not None:
         cfg.sim.config = _resolve(base, cfg.sim.config)
         if not cfg.sim.config.is_file():

@@ -63,6 +63,42 @@ def vouched_deltas(store: Store, per_provider: int = 50) -> list[tuple[str, int 
     return [(p, dp, dc) for p, dp, dc in rows]
 
 
+def witness_sides_by_provider(store: Store) -> dict[str, dict[str, Any]]:
+    """Per answering provider, both sides of the count witness over its kept samples
+    (docs/quality.md, "Two sides"): {"prompt": {check: n}, "completion": {check: n},
+    "prompt_deltas": {"+9": n, ...}} (the deltas of prompts judged its rendering or exact)."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        rows = store.conn.execute(
+            "SELECT provider, prompt_check, completion_check, "
+            "CASE WHEN prompt_check IN ('rendering', 'exact') THEN prompt_delta END, COUNT(*) "
+            "FROM results WHERE completion_check IS NOT NULL GROUP BY 1, 2, 3, 4").fetchall()
+    except sqlite3.OperationalError:  # an older store opened read-only: no such columns
+        return out
+    for provider, p_check, c_check, delta, n in rows:
+        entry = out.setdefault(provider or UNKNOWN_PROVIDER,
+                               {"prompt": {}, "completion": {}, "prompt_deltas": {}})
+        for side, check in (("prompt", p_check), ("completion", c_check)):
+            entry[side][check or "unchecked"] = entry[side].get(check or "unchecked", 0) + n
+        if delta is not None:
+            key = f"{delta:+d}"
+            entry["prompt_deltas"][key] = entry["prompt_deltas"].get(key, 0) + n
+    return out
+
+
+def prompt_shape_deltas(store: Store) -> list[tuple]:
+    """(provider, shape, prompt delta, prompt_check, task, completion_check) of
+    every sample whose prompt side was judged per request shape (docs/quality.md)."""
+    try:
+        return store.conn.execute(
+            "SELECT provider, prompt_shape, prompt_delta, prompt_check, task, "
+            "completion_check FROM results WHERE prompt_shape IS NOT NULL "
+            "AND prompt_delta IS NOT NULL AND provider IS NOT NULL "
+            "AND prompt_check NOT IN ('mismatch', 'unjudged') ORDER BY task").fetchall()
+    except sqlite3.OperationalError:
+        return []
+
+
 def conversation_shapes(store: Store) -> dict[str, dict[str, Any]]:
     """Per dataset: how many samples (regenerated turns) its conversations gave
     ({"turns_per_conversation": {"n": conversations}}, conversations without one left out), why conversations ended early

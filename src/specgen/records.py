@@ -91,6 +91,12 @@ class ResultRecord(NamedTuple):
     tool_matches: str | None  # JSON list, NULL when empty
     quantization: str | None
     sampling: str | None  # JSON
+    # the count witness's two sides (quality.shapes): provider − ours, and each verdict
+    prompt_delta: int | None = None
+    completion_delta: int | None = None
+    prompt_check: str | None = None
+    completion_check: str | None = None
+    prompt_shape: str | None = None
 
 
 class QuarantineRecord(NamedTuple):

@@ -79,7 +79,9 @@ CREATE TABLE IF NOT EXISTS results(
   input_ids BLOB NOT NULL, n_prompt INTEGER NOT NULL, true_prompt_ids BLOB,
   true_completion_ids BLOB, prompt_tokens INTEGER, completion_tokens INTEGER,
   reasoning_tokens INTEGER, cost_usd REAL, repairs TEXT, latency_s REAL, created_at REAL,
-  count_check TEXT, tool_matches TEXT, quantization TEXT, sampling TEXT);
+  count_check TEXT, tool_matches TEXT, quantization TEXT, sampling TEXT,
+  prompt_delta INTEGER, completion_delta INTEGER, prompt_check TEXT, completion_check TEXT,
+  prompt_shape TEXT);
 CREATE INDEX IF NOT EXISTS results_conversation ON results(conversation, turn);
 CREATE TABLE IF NOT EXISTS quarantine(
   id INTEGER PRIMARY KEY, task INTEGER, dataset TEXT, provider TEXT, reason TEXT NOT NULL,
@@ -118,7 +120,9 @@ CREATE INDEX IF NOT EXISTS batch_lines_key ON batch_lines(dataset, conv_id, turn
 # Columns added to a table after its first release; `Store.create` adds them to older stores.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "results": (("count_check", "TEXT"), ("tool_matches", "TEXT"), ("quantization", "TEXT"),
-                ("sampling", "TEXT")),
+                ("sampling", "TEXT"), ("prompt_delta", "INTEGER"),
+                ("completion_delta", "INTEGER"), ("prompt_check", "TEXT"),
+                ("completion_check", "TEXT"), ("prompt_shape", "TEXT")),
     "attempts": (("first_token_at", "REAL"),),
     "quarantine": (("detail", "TEXT"),),
 }
@@ -376,6 +380,13 @@ class ResultRow:
     # the sampling this sample was drawn with (specgen.sampling.SampleSettings.to_json:
     # temperature, top_p, reasoning, thinking, sample index); None for samples stored before
     sampling: dict[str, Any] | None = None
+    # the count witness's two sides (docs/quality.md, "Two sides"): the deltas provider −
+    # ours, each side's verdict and the request shape; None for samples stored before them
+    prompt_delta: int | None = None
+    completion_delta: int | None = None
+    prompt_check: str | None = None
+    completion_check: str | None = None
+    prompt_shape: str | None = None
 
     @property
     def loss_mask(self) -> list[int]:
@@ -387,7 +398,8 @@ RESULT_COLUMNS = (
     "r.finish_reason, r.native_finish_reason, r.request, r.message, r.input_ids, r.n_prompt, "
     "r.true_prompt_ids, r.true_completion_ids, r.prompt_tokens, r.completion_tokens, "
     "r.reasoning_tokens, r.cost_usd, r.repairs, r.latency_s, r.created_at, r.count_check, "
-    "r.tool_matches, r.quantization, r.sampling"
+    "r.tool_matches, r.quantization, r.sampling, r.prompt_delta, r.completion_delta, "
+    "r.prompt_check, r.completion_check, r.prompt_shape"
 )
 
 
@@ -404,6 +416,8 @@ def decode_result_row(row: tuple) -> ResultRow:
         latency_s=row[20], created_at=row[21], count_check=row[22],
         tool_matches=decode_tool_matches(row[23]), quantization=row[24],
         sampling=orjson.loads(row[25]) if len(row) > 25 and row[25] else None,
+        **(dict(zip(("prompt_delta", "completion_delta", "prompt_check", "completion_check",
+                     "prompt_shape"), row[26:31], strict=True)) if len(row) >= 31 else {}),
     )
 
 
@@ -621,7 +635,12 @@ class Store:
             if batch.attempts:
                 c.executemany(_INSERT_ATTEMPT, batch.attempts)
             if batch.results:
-                c.executemany(_INSERT_RESULT, batch.results)
+                c.executemany(_INSERT_RESULT, _full_rows(batch.results))
+            if batch.verdicts:
+                c.executemany(
+                    "UPDATE results SET count_check=?, prompt_check=? WHERE task=?",
+                    [(check, p_check, task) for task, (check, p_check)
+                     in batch.verdicts.items()])
             if batch.quarantine:
                 c.executemany(_INSERT_QUARANTINE, batch.quarantine)
             if batch.invalid_rows:
@@ -917,6 +936,15 @@ _INSERT_EVENT = _insert("events", EventRecord)
 _INSERT_INVALID_ROW = _insert("invalid_rows", InvalidRowRecord, verb="INSERT OR REPLACE")
 
 
+def _full_rows(rows: list) -> list:
+    """Result rows as the insert takes them: a plain tuple of the columns before the added
+    ones (a row built before they existed) gets NULL for them."""
+    n = len(ResultRecord._fields)
+    if all(len(r) == n for r in rows):
+        return rows
+    return [r if len(r) == n else (*r, *(None,) * (n - len(r))) for r in rows]
+
+
 @dataclass(slots=True)
 class Batch:
     """Rows waiting for the next commit, as records (`specgen.records`); later upserts of the
@@ -933,9 +961,11 @@ class Batch:
     invalid_rows: list[InvalidRowRecord] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
     session: tuple | None = None  # (heartbeat_at, state, stop_reason, ended_at, session id)
+    # samples judged again (a pending prompt side): task -> (count_check, prompt_check)
+    verdicts: dict[int, tuple[str, str]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return (len(self.meta) + len(self.datasets) + len(self.conversations)
                 + len(self.conv_status) + len(self.tasks) + len(self.attempts)
                 + len(self.results) + len(self.quarantine) + len(self.invalid_rows)
-                + len(self.events) + (self.session is not None))
+                + len(self.events) + len(self.verdicts) + (self.session is not None))

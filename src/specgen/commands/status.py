@@ -129,8 +129,11 @@ def print_status(s: dict) -> None:
             outcomes = " ".join(f"{k}={n}" for k, n in sorted(v["outcomes"].items()))
             checks = " ".join(f"{k}={n}" for k, n in sorted(v.get("count_checks", {}).items()))
             state = (witness.get(name) or {}).get("completion", {}).get("state")
-            if state == "unusable":
+            if state == "unusable" or (witness.get(name) or {}).get("counts_unusable"):
                 checks += " (counts unusable)"
+            if (sides := v.get("witness_sides")) and sides.get("prompt_deltas"):
+                checks += " prompt " + ",".join(
+                    f"{d}x{n}" for d, n in sorted(sides["prompt_deltas"].items()))
             p.add_row(name, f"{v['requests']:,}", outcomes, checks or "-",
                       quality_cell(((s.get("quality") or {}).get("providers") or {}).get(name),
                                    name in (s.get("excluded_providers") or {})),

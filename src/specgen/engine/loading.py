@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 from ..conversation import AssistantMessage, Conversation
-from ..queries import failed_tasks_by_class, vouched_deltas
+from ..quality.witness_from import read_deltas
+from ..queries import failed_tasks_by_class, prompt_shape_deltas, vouched_deltas
 from ..store import unpack_json
 from .progress import RowCounter
 from .providers import read_excluded
@@ -28,6 +29,16 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
         store, names).items()})
     for provider, dp, dc in vouched_deltas(store):
         engine.witness.seed(provider, dp, dc)
+    for provider, shape, dp, p_check, task, c_check in prompt_shape_deltas(store):
+        engine.witness.seed_shape(provider, shape, dp, tools=False, key=task,
+                                  pending=p_check == "pending",
+                                  completion_check=c_check or "exact")
+    if cfg.quality.witness_from is not None:  # a probe's deltas per provider and shape
+        learnt = read_deltas(cfg.quality.witness_from)
+        for provider, shape, delta in learnt:
+            engine.witness.shapes.learn(provider, shape, delta, tools=False)
+        log.info("witness_from %s: %d prompt delta(s) per provider and request shape",
+                 cfg.quality.witness_from, len(learnt))
     _load_exclusions(engine)
     _load_datasets(engine)
     load_alarms(engine, ack_alarms)

@@ -31,6 +31,7 @@ from ..request import request_dialect, with_max_tokens
 from ..store import Store
 from . import attempts, figures, loading, periodic
 from .admission import Admission
+from .answer import rejudge
 from .answer.attempt import AnswerContext
 from .answer.outcomes import Fatal, Kept, Quarantined, Rejected
 from .answer.pipeline import AnswerPipeline
@@ -361,6 +362,7 @@ class Engine:
                 n.kind, job.ds.name, resp.provider, n.message)
         for decision in done.decisions:
             self.steering.carry_out(decision)
+        self.writer.batch.verdicts.update(done.rejudged)  # pending prompt sides now judged
         outcome = done.outcome
         if isinstance(outcome, Kept):
             self._keep(job, resp, charge, outcome, pstats)
@@ -468,6 +470,7 @@ class Engine:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
             await self.writer.wait_idle()
+        self.writer.batch.verdicts.update(rejudge.settle(self.witness))  # no sample left pending
         await periodic.settle_store(self)
         return self._finish()
 

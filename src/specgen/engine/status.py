@@ -26,6 +26,7 @@ from ..queries import (
     failed_tasks_by_class,
     quality_events,
     quarantine_details,
+    witness_sides_by_provider,
 )
 from ..store import Store
 from .control import heartbeat_timeout, session_alive
@@ -57,6 +58,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         providers = store.provider_totals()
         failures = failed_tasks_by_class(store)
         checks = count_checks_by_provider(store)
+        sides = witness_sides_by_provider(store)
         shapes = conversation_shapes(store)
         events = quality_events(store)
         batches = batch_figures(store, orjson.loads(meta.get("config_json", "{}")))
@@ -119,6 +121,8 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         providers.setdefault(name, {"requests": 0, "outcomes": {}, "prompt_tokens": 0,
                                     "completion_tokens": 0, "cost_usd": 0.0})
         providers[name]["count_checks"] = counts
+        if name in sides:  # both sides of the witness (docs/quality.md, "Two sides")
+            providers[name]["witness_sides"] = sides[name]
     out: dict[str, Any] = {
         "state": state,
         "pid": pid if state == "running" else None,  # a current process only

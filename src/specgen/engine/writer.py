@@ -202,7 +202,7 @@ class StoreWriter:
             rows = getattr(old, name)
             if rows:
                 getattr(new, name)[:0] = rows
-        for name in ("meta", "datasets", "conv_status", "tasks"):
+        for name in ("meta", "datasets", "conv_status", "tasks", "verdicts"):
             upserts = getattr(old, name)
             if upserts:
                 cur = getattr(new, name)

@@ -92,6 +92,7 @@ class DatasetTotals:
     true_id_samples: int = 0  # samples exported as the backend's own ids
     excluded_mismatch: int = 0  # samples left out: count_check = "mismatch"
     excluded_provider: int = 0  # samples left out: their provider is excluded from the run
+    excluded_pending: int = 0  # samples left out: their prompt side not judged yet (pending)
     # exported samples by count_check as written ("unchecked": stored before the check)
     count_checks: dict[str, int] = field(default_factory=dict)
     # exported samples whose prompt reuses recorded tool results, by the weakest match
@@ -396,6 +397,9 @@ def _without_mismatched(rows, totals: dict[str, DatasetTotals]):
         if is_mismatched(r):
             totals[r.dataset].excluded_mismatch += 1
             continue
+        if r.count_check == "pending" and not has_true_ids(r):
+            totals[r.dataset].excluded_pending += 1  # judged at the run's end: not yet
+            continue
         yield r
 
 
@@ -476,9 +480,11 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
         "ids": "the backend's own ids where it returned them (true_prompt_ids + "
                "true_completion_ids), else specgen's rebuilt ids",
         "excluded": {
-            "samples": total.excluded_mismatch + total.excluded_provider,
+            "samples": total.excluded_mismatch + total.excluded_provider
+            + total.excluded_pending,
             "by_reason": {"count_mismatch": total.excluded_mismatch,
-                          "provider_excluded": total.excluded_provider},
+                          "provider_excluded": total.excluded_provider,
+                          "witness_pending": total.excluded_pending},
             "providers": sorted(read_excluded(meta)),
             "why": ("left out: samples whose ids contradict the provider's own token counts "
                     "(count_check = mismatch); --include-mismatched exports them"

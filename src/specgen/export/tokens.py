@@ -80,6 +80,12 @@ class TokenSample:
     quantization: str | None = None
     # the sampling of each sample in the row (specgen.sampling; None: stored before the record)
     sampling: list[dict | None] = field(default_factory=list)
+    # the witness's two sides (docs/quality.md, "Two sides"); a merged row: the prompt side of
+    # its first sample, the weakest completion verdict and the sum of the completion deltas
+    prompt_delta: int | None = None
+    completion_delta: int | None = None
+    prompt_check: str | None = None
+    completion_check: str | None = None
 
     @property
     def id(self) -> str:
@@ -98,7 +104,9 @@ class TokenSample:
             usage_prompt_tokens=r.prompt_tokens, usage_completion_tokens=r.completion_tokens,
             count_check=exported_count_check(r), repairs=list(r.repairs),
             tool_matches=list(r.tool_matches), quantization=r.quantization,
-            sampling=[r.sampling],
+            sampling=[r.sampling], prompt_delta=r.prompt_delta,
+            completion_delta=r.completion_delta, prompt_check=r.prompt_check,
+            completion_check=r.completion_check,
         )
 
 
@@ -138,6 +146,9 @@ def merge_prefix(samples: list[TokenSample]) -> list[TokenSample]:
                 tool_matches=s.tool_matches,  # its prompt extends prev's: holds its results
                 quantization=_join(prev.quantization, s.quantization),
                 sampling=[*prev.sampling, *s.sampling],
+                prompt_delta=prev.prompt_delta, prompt_check=prev.prompt_check,
+                completion_delta=_add(prev.completion_delta, s.completion_delta),
+                completion_check=_weakest(prev.completion_check, s.completion_check),
             )
         else:
             out.append(s)
@@ -183,6 +194,8 @@ def token_row(s: TokenSample, *, merged: bool) -> dict:
         "count_check": s.count_check, "repairs": s.repairs, "tool_matches": s.tool_matches,
         "quantization": s.quantization,
         "sampling": sampling_text(s.sampling, merged=merged),
+        "prompt_delta": s.prompt_delta, "completion_delta": s.completion_delta,
+        "prompt_check": s.prompt_check, "completion_check": s.completion_check,
     }
     if merged:
         row["merged_turns"] = s.turns
@@ -214,6 +227,8 @@ def parquet_schema(*, merged: bool):
         ("count_check", pa.string()), ("repairs", pa.list_(pa.string())),
         ("tool_matches", pa.list_(pa.string())), ("quantization", pa.string()),
         ("sampling", pa.string()),
+        ("prompt_delta", pa.int64()), ("completion_delta", pa.int64()),
+        ("prompt_check", pa.string()), ("completion_check", pa.string()),
     ]
     if merged:
         fields.append(("merged_turns", pa.list_(pa.int32())))

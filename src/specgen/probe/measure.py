@@ -28,6 +28,7 @@ from ..conversation import Tool
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair
 from ..quality.schema import schema_problem
+from ..quality.shapes import combine, shape_signature
 from ..quality.witness import CountWitness
 
 
@@ -61,12 +62,17 @@ class Observation:
     ours: tuple[int, int] | None = None
     usage: dict[str, Any] = field(default_factory=dict)
     repair: Callable[[int], Any] | None = None
+    # the prompt side: the request shape (quality.shapes), provider − ours, its verdict
+    shape: str | None = None
+    prompt_delta: int | None = None
+    prompt_check: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         keep = ("canary", "endpoint", "ok", "error", "detail", "provider", "finish_reason",
                 "has_tools", "triggered", "calls", "calls_valid", "schema_problems",
                 "thinking", "reasoning", "truncated", "ttft_s", "generation_s",
-                "completion_tokens", "cost_usd", "quarantine", "witness", "witness_detail")
+                "completion_tokens", "cost_usd", "quarantine", "witness", "witness_detail",
+                "shape", "prompt_delta", "prompt_check")
         return {k: getattr(self, k) for k in keep}
 
 
@@ -126,6 +132,7 @@ def observe_answer(obs: Observation, resp: ChatResponse, tools: list[Tool] | Non
     if obs.truncated:
         return  # a cut answer has no stop token: the witness does not judge it
     obs.ours = (len(prompt), len(completion))
+    obs.shape = shape_signature(tools, messages, obs.thinking)
     if repair_candidates(message):
         def render(m):
             return renderer.completion_ids(m, context=messages, tools=tools)
@@ -154,10 +161,14 @@ def judge_witness(observations: Iterable[Observation]) -> None:
         else:
             continue
         witness.seed("p", p - o.ours[0] if isinstance(p, int) else None, c - n)
-    for o in obs:
+    for i, o in enumerate(obs):
         v = witness.judge("p", prompt=o.ours[0], completion=o.ours[1], usage=o.usage,
-                          repair=o.repair)
+                          repair=o.repair, shape=o.shape or "", tools=o.has_tools, key=i)
         o.witness, o.witness_detail = v.check, v.detail
+        o.prompt_delta, o.prompt_check = v.prompt_delta, v.prompt_check
+    for r in [*witness.shapes.take_resolved(), *witness.shapes.settle()]:
+        o = obs[r.key]  # a shape's rendering known later (or settled): judged again
+        o.prompt_check, o.witness = r.prompt_check, combine(r.completion_check, r.prompt_check)
 
 
 def _share(num: int, den: int) -> float | None:
@@ -183,7 +194,14 @@ def summarize(obs: list[Observation], reference: dict[str, Observation] | None
     costs = [o.cost_usd for o in answered if o.cost_usd is not None]
     speeds = [o.completion_tokens / o.generation_s for o in answered
               if o.completion_tokens and o.generation_s]
+    shapes: dict[str, dict[str, dict[str, int]]] = {}  # provider -> shape -> delta -> n
+    for o in answered:
+        if o.shape and o.prompt_delta is not None and o.prompt_check in ("exact", "rendering"):
+            by = shapes.setdefault(o.provider or "", {}).setdefault(o.shape, {})
+            by[str(o.prompt_delta)] = by.get(str(o.prompt_delta), 0) + 1
     out: dict[str, Any] = {
+        "prompt_shapes": {p: {sh: int(max(d, key=d.get)) for sh, d in by.items()}
+                          for p, by in shapes.items()},
         "requests": len(obs), "answered": len(answered),
         "success_rate": _share(len(answered), len(obs)),
         "errors": dict(Counter(o.error for o in obs if o.error)),

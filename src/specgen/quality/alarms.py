@@ -35,6 +35,9 @@ ALARMS: dict[str, tuple[float, int, bool, str]] = {
     "count_mismatch": (0.2, 20, False, "judged answers whose provider counts contradict "
                                        "the sample"),
     "quarantine": (0.3, 20, False, "answers quarantined for a reason no other alarm watches"),
+    "unverifiable": (0.5, 40, False, "answers quarantined, or whose provider's counts "
+                                     "contradict them or cannot vouch for them (unusable "
+                                     "counts), whatever the counting's state"),
     "empty": (0.2, 20, False, "empty answers"),
     "length": (0.5, 20, False, "answers cut at max_tokens (finish_reason length)"),
     "repetition": (0.1, 20, False, "answers with a repetition loop ([quality] repetition)"),
@@ -156,6 +159,9 @@ def _relevant(name: str, o: Observation) -> bool | None:
         return None if o.count_check is None else o.count_check == "mismatch"
     if name == "quarantine":
         return quarantined and o.reason not in OWN_FIGURE
+    if name == "unverifiable":
+        return (quarantined and o.reason != "length") or o.witness == "mismatch" \
+            or o.counts_unusable
     if name == "empty":
         return quarantined and o.reason == "empty"
     if name == "length":
@@ -163,6 +169,12 @@ def _relevant(name: str, o: Observation) -> bool | None:
     if name == "repetition":
         return o.repetition
     return None
+
+
+def _label(o: Observation) -> str | None:
+    if o.counts_unusable:
+        return "counts_unusable"
+    return "count_mismatch" if o.witness == "mismatch" else None
 
 
 class DatasetAlarms:
@@ -188,7 +200,7 @@ class DatasetAlarms:
             if hit is None:
                 continue
             rolling = shares[name]
-            rolling.add(hit, o.task, o.provider, o.reason if hit else None)
+            rolling.add(hit, o.task, o.provider, (o.reason or _label(o)) if hit else None)
             if found is not None or name in fired or rolling.n < rule.min_samples:
                 continue
             share = 1.0 - rolling.share if rule.below else rolling.share

@@ -62,6 +62,10 @@ class Observation:
     quantization_mismatch: bool = False
     after_tool_result: bool = False  # the request's last message is a tool result
     repetition: bool = False  # a repetition loop was found in the sampled ids
+    # the count witness's verdict whatever the provider's counting state (None: not judged,
+    # or true ids), and whether that provider's counts turned out unusable
+    witness: str | None = None
+    counts_unusable: bool = False
 
     @classmethod
     def of_answer(cls, *, provider: str | None, dataset: str, task: int, outcome: str,
@@ -70,7 +74,9 @@ class Observation:
                   api_calls: bool = False, message_calls: bool | None = None,
                   repairs: Sequence[str] = (), count_check: str | None = None,
                   finish_reason: str | None = None, quantization_mismatch: bool = False,
-                  after_tool_result: bool = False, repetition: bool = False) -> Observation:
+                  after_tool_result: bool = False, repetition: bool = False,
+                  witness: str | None = None,
+                  counts_unusable: bool = False) -> Observation:
         """The observation of an answer from its raw fields (`content`, `reasoning`,
         `api_calls`: the API returned structured calls) and what the engine made of it
         (`message_calls`: the kept message has calls; `repairs`; `count_check`)."""
@@ -86,7 +92,8 @@ class Observation:
                    truncated=finish_reason == "length",
                    quantization_mismatch=quantization_mismatch,
                    after_tool_result=after_tool_result,
-                   repetition=repetition or reason == "repetition")
+                   repetition=repetition or reason == "repetition",
+                   witness=witness, counts_unusable=counts_unusable)
 
 
 class Rolling:

@@ -90,7 +90,9 @@ class ProviderFigures:
         if o.calls and (o.tools_offered or not quarantined):
             miss = quarantined and o.reason in SCHEMA_FAILURES
             self.schema.add(miss, o.task, o.provider, o.reason if miss else None)
-        if o.count_check is not None:
+        if o.counts_unusable:  # its counts vouch for nothing: a miss of the agreement
+            self.count.add(True, o.task, o.provider, "counts_unusable")
+        elif o.count_check is not None:
             miss = o.count_check == "mismatch"
             self.count.add(miss, o.task, o.provider, "count_mismatch" if miss else None)
 

@@ -149,19 +149,27 @@ def _tokens_cost(s: RunStats) -> Section:
                 usd(p["cost_usd"]), usd(p["billed_usd"]), p["attempts"], p["failed_attempts"],
                 _count_checks(p.get("count_checks"))]
                for p in s.providers]
+    sides = any(p.get("witness_sides") for p in s.providers)  # stores made before: none
+    if sides:
+        for row, p in zip(pr_rows, s.providers, strict=True):
+            row.append(_sides(p.get("witness_sides")))
     sec = Section("tokens-cost", "Tokens and cost", [
         Table("Per dataset", ["dataset", "samples", "conversations", "prompt tok", "completion tok",
                               "reasoning tok", "trained tok", "cost (kept)", "billed (all)",
                               "attempts", "failed attempts"], ds_rows),
         Table("Per provider", ["provider", "samples", "prompt tok", "completion tok",
                                "cost (kept)", "billed (all)", "attempts", "failed attempts",
-                               "count checks"], pr_rows)])
+                               "count checks", *(["witness sides"] if sides else [])],
+              pr_rows)])
     sec.notes.append("Tokens are the API's usage counts; 'trained tok' counts our ids under loss "
                      "mask 1. 'billed (all)' adds the cost of attempts that were retried, "
                      "rejected or quarantined. An attempt is one HTTP try of a task (one "
                      "request of a conversation); 'failed attempts' gave no sample (retried, "
                      "rejected, quarantined or failed). 'count checks': the kept samples by what the "
-                     "provider's own token counts said of them (count_check; docs/quality.md).")
+                     "provider's own token counts said of them (count_check; docs/quality.md); 'witness "
+                     "sides': the prompt side's and the completion side's verdicts apart, and "
+                     "the provider's prompt deltas (its count − ours) for the request shapes "
+                     "it renders its own way (docs/quality.md, \"Two sides\").")
     sec.charts.append(svg.bar_chart([(d["dataset"], d["completion_tokens"]) for d in s.datasets],
                                     title="Completion tokens per dataset"))
     sec.charts.append(svg.bar_chart([(d["dataset"], d["billed_usd"]) for d in s.datasets],
@@ -174,6 +182,18 @@ def _tokens_cost(s: RunStats) -> Section:
 def _count_checks(checks: dict[str, int] | None) -> str:
     """`exact 12, mismatch 1`: a provider's kept samples by count_check."""
     return ", ".join(f"{k} {n}" for k, n in sorted((checks or {}).items())) or "—"
+
+
+def _sides(sides: dict[str, Any] | None) -> str:
+    """`prompt rendering 6, exact 3 · completion repaired 9 · deltas +9 ×6`."""
+    if not sides:
+        return "—"
+    parts = [f"{side} " + ", ".join(f"{k} {n}" for k, n in sorted(sides[side].items()))
+             for side in ("prompt", "completion") if sides.get(side)]
+    if sides.get("prompt_deltas"):
+        parts.append("deltas " + ", ".join(f"{d} ×{n}" for d, n in sorted(
+            sides["prompt_deltas"].items())))
+    return " · ".join(parts) or "—"
 
 
 def _lengths(s: RunStats) -> Section:

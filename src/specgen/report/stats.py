@@ -12,7 +12,7 @@ import orjson
 
 from ..display import UNKNOWN_PROVIDER
 from ..judgement import judge
-from ..queries import conversation_shapes, quarantine_details
+from ..queries import conversation_shapes, quarantine_details, witness_sides_by_provider
 
 TIME_BUCKETS = 40
 UNK = (UNKNOWN_PROVIDER,)  # the one label for a provider that was not named (a parameter)
@@ -124,6 +124,9 @@ def collect(store) -> RunStats:
         checks = []
     for provider, check, n in checks:
         providers[provider].setdefault("count_checks", {})[check] = n
+    for provider, sides in witness_sides_by_provider(store).items():  # both sides
+        if provider in providers:
+            providers[provider]["witness_sides"] = sides
 
     lengths: dict[str, list[int]] = defaultdict(list)
     finish: dict[str, Counter] = defaultdict(Counter)

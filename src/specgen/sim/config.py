@@ -154,6 +154,10 @@ class ProviderConfig:
     usage_prompt_offset: int = 0  # added to prompt_tokens
     usage_noise: float = 0.0  # completion_tokens x U[1 - noise, 1 + noise] per request, rounded
     hidden_system_prompt_tokens: int = 0  # a hidden system prompt: prompt_tokens += this
+    # Tool declarations rendered the provider's own way: prompt_tokens of a request with tools
+    # += a constant per tools block in [-N, N] (never 0), drawn from the block (docs/sim.md)
+    tools_rendering_tokens: int = 0
+    prompt_drop_rate: float = 0.0  # share of answers whose prompt_tokens is short (compressed)
     # A vLLM/SGLang serving stack: history tool-call arguments parsed and re-written by the
     # template's tojson, so the prompt the model sees (and counts, and returns) differs.
     rerenders_history: bool = False
@@ -171,7 +175,8 @@ class ProviderConfig:
     def counts_exactly(self) -> bool:
         """Whether the reported usage is the true count (no counting key set)."""
         return not (self.usage_completion_offset or self.usage_prompt_offset or self.usage_noise
-                    or self.hidden_system_prompt_tokens)
+                    or self.hidden_system_prompt_tokens or self.tools_rendering_tokens
+                    or self.prompt_drop_rate)
 
     @property
     def slug(self) -> str:
@@ -371,6 +376,12 @@ class SimConfig:
                     raise ConfigError(f"{label}: {key} must be an integer, got {value!r}")
             if p.hidden_system_prompt_tokens < 0:
                 raise ConfigError(f"{label}: hidden_system_prompt_tokens must be >= 0")
+            if (not isinstance(p.tools_rendering_tokens, int)
+                    or isinstance(p.tools_rendering_tokens, bool)
+                    or p.tools_rendering_tokens < 0):
+                raise ConfigError(f"{label}: tools_rendering_tokens must be an integer >= 0, "
+                                  f"got {p.tools_rendering_tokens!r}")
+            _rate(p.prompt_drop_rate, f"providers[{i}].prompt_drop_rate", where)
             if (not isinstance(p.usage_noise, int | float) or isinstance(p.usage_noise, bool)
                     or not 0.0 <= p.usage_noise <= 1.0):
                 raise ConfigError(f"{label}: usage_noise must be in [0, 1], got "

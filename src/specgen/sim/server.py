@@ -108,6 +108,18 @@ class _Endpoint:
             float(p.usage_noise))
 
 
+def _tools_rendering(p: ProviderConfig, tools: list | None) -> int:
+    """The provider's own rendering of a tools block: a constant per block, in [-N, N], not 0
+    (`tools_rendering_tokens` = N; 0 without tools)."""
+    n = p.tools_rendering_tokens
+    if not n or not tools:
+        return 0
+    digest = hashlib.blake2b(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS),
+                             digest_size=8, key=p.name.encode()[:64]).digest()
+    value = int.from_bytes(digest, "little") % (2 * n) - n  # in [-N, N - 1]
+    return value + 1 if value >= 0 else value
+
+
 _NO_QUIRKS: frozenset[str] = frozenset()
 _WRONG_MODEL = frozenset({"wrong_model"})
 _TOOLS_IGNORED = frozenset({"tools_ignored"})
@@ -606,7 +618,7 @@ class Simulator:
             ctx.served.quirks = sorted([*ctx.served.quirks, "wrong_model"])
         if req.tools_ignored:
             ctx.served.quirks = sorted([*ctx.served.quirks, "tools_ignored"])
-        ctx.usage = self._usage(provider, n_prompt, ctx.served, rng)
+        ctx.usage = self._usage(provider, n_prompt, ctx.served, rng, req.tools)
         ctx.draw = rng.random()  # where a failing answer breaks off, which error shape
 
     def _rngs(self, raw: bytes, seed: int | None) -> tuple[HashRandom, bytes, bytes | None]:
@@ -626,8 +638,8 @@ class Simulator:
             content = b"c" + digest + (seed & ((1 << 128) - 1)).to_bytes(16, "little")
         return HashRandom(b"p" + base), b"a" + base, content
 
-    def _usage(self, p: ProviderConfig, n_prompt: int, served: Served, rng: random.Random
-               ) -> dict[str, Any]:
+    def _usage(self, p: ProviderConfig, n_prompt: int, served: Served, rng: random.Random,
+               tools: list | None = None) -> dict[str, Any]:
         n_completion = len(served.ids)
         cached = 0
         if p.cache_hit_rate and rng.random() < p.cache_hit_rate:
@@ -642,7 +654,9 @@ class Simulator:
             if noise:
                 n_completion = round(n_completion * rng.uniform(1.0 - noise, 1.0 + noise))
             n_completion = max(0, n_completion + completion_add)
-            n_prompt = max(0, n_prompt + prompt_add)
+            n_prompt = max(0, n_prompt + prompt_add + _tools_rendering(p, tools))
+            if p.prompt_drop_rate and rng.random() < p.prompt_drop_rate:
+                n_prompt = max(0, n_prompt - 10 - int(n_prompt * rng.uniform(0.1, 0.5)))
             cached = min(cached, n_prompt)
         return {
             "prompt_tokens": n_prompt, "completion_tokens": n_completion,

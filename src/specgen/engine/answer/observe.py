@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...display import UNKNOWN_PROVIDER
 from ...quality.observe import Observation
 from .attempt import Answer, AnswerContext
 from .outcomes import Fatal, Kept, Outcome, Quarantined
@@ -28,4 +29,7 @@ def observation(a: Answer, outcome: Outcome, ctx: AnswerContext) -> Observation:
         quantization_mismatch=ctx.policy.quantization_mismatch(resp.provider,
                                                                resp.quantization),
         after_tool_result=bool(job.messages) and job.messages[-1].get("role") == "tool",
-        repetition=a.repetition is not None)
+        repetition=a.repetition is not None,
+        witness=a.count_check if kind != "rejected" else None,
+        counts_unusable=kind != "rejected" and a.count_check == "unverified"
+        and ctx.witness.unusable(resp.provider or resp.base_url or UNKNOWN_PROVIDER))

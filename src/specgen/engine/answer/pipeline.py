@@ -21,7 +21,7 @@ from ...client.types import ChatResponse
 from ...quality.monitor import Decision, QualityMonitor
 from ..budget import Charge
 from ..state import Job
-from . import accept, normalise, quality, record, repeats, repetition, size, usage, witness
+from . import accept, normalise, quality, record, rejudge, repeats, repetition, size, usage, witness
 from .attempt import Answer, AnswerContext
 from .observe import observation
 from .outcomes import Outcome
@@ -46,6 +46,9 @@ class Processed:
     answer: Answer
     outcome: Outcome
     decisions: tuple[Decision, ...]  # exclusions and alarms the monitor asks for
+    # earlier samples whose pending prompt side this answer let the witness judge:
+    # task -> (count_check, prompt_check), for the store
+    rejudged: dict[int, tuple[str, str]]
 
 
 class AnswerPipeline:
@@ -69,4 +72,4 @@ class AnswerPipeline:
             raise RuntimeError("the answer path ended without an outcome (no record stage)")
         outcome = self.breaker.judge(outcome)
         decisions = self.monitor.observe(observation(a, outcome, self.ctx))
-        return Processed(a, outcome, tuple(decisions))
+        return Processed(a, outcome, tuple(decisions), rejudge.take(self.ctx.witness))

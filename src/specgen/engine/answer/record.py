@@ -48,7 +48,8 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
         latency_s=latency, created_at=time.time(), count_check=a.count_check,
         tool_matches=encode_tool_matches(job.tool_matches),
         quantization=resp.quantization or ctx.policy.declared_quantization(resp.provider),
-        sampling=orjson.dumps(job.settings.to_json()).decode() if job.settings else None)
+        sampling=orjson.dumps(job.settings.to_json()).decode() if job.settings else None,
+        **_sides(a.verdict))
     return Kept(record, a.message, tuple(repairs), a.count_check)
 
 
@@ -70,6 +71,15 @@ def response_json(resp) -> dict[str, Any]:
         "finish_reason": resp.finish_reason, "native_finish_reason": resp.native_finish_reason,
         "provider": resp.provider, "model": resp.model, "id": resp.id, "usage": resp.usage,
     }
+
+
+def _sides(v) -> dict[str, Any]:
+    """The witness's two sides on the row (docs/quality.md, "Two sides")."""
+    if v is None or v.completion_check is None:
+        return {}
+    return {"prompt_delta": v.prompt_delta, "completion_delta": v.completion_delta,
+            "prompt_check": v.prompt_check, "completion_check": v.completion_check,
+            "prompt_shape": v.shape}
 
 
 def _ids(ids) -> bytes | None:

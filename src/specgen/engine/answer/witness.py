@@ -17,6 +17,7 @@ from array import array
 from ...display import UNKNOWN_PROVIDER
 from ...quality.repairs import candidates as repair_candidates
 from ...quality.repairs import count_repair, dedup_repair, prompt_repair
+from ...quality.shapes import shape_signature
 from ...quality.witness import Verdict
 from ...render.serving import history_as_served, may_be_served_differently, reserialized_history
 from .attempt import Answer, AnswerContext, Note
@@ -30,7 +31,7 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
     verdict = judge(a, ctx)
     a.verdict = verdict
     check_ = verdict.check
-    if check_ == "repaired":
+    if check_ != "mismatch" and verdict.repairs:  # repaired (or pending on its prompt side)
         if verdict.message is not None:
             a.message, a.completion = verdict.message, verdict.ids
         if verdict.prompt_ids is not None:  # the model saw another prompt: that one
@@ -104,16 +105,21 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
             chosen.append(fit[2])
             return fit[0], fit[1]
     key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
+    thinking = job.settings.thinking if job.settings is not None else None
     verdict = ctx.witness.judge(key, prompt=len(job.prompt_ids), completion=len(a.completion),
-                                usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix)
+                                usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix,
+                                shape=shape_signature(job.tools, job.messages, thinking),
+                                tools=bool(job.tools), key=job.task_id)
     if chosen and verdict.prompt_ids is not None:
         verdict.prompt_messages = chosen[-1]
     if verdict.check == "exact" and resp.duplicates and dedup_repair(
             resp, len(a.completion), rebuild) is not None:
         # a repeated event whose text does not change the count: with it or without it
         # the counts agree, so they cannot vouch for either
-        return Verdict("unverified", "a repeated stream event the counts cannot judge "
-                                     "(they agree with and without it)")
+        verdict.check = verdict.completion_check = "unverified"
+        verdict.detail = ("a repeated stream event the counts cannot judge (they agree with "
+                          "and without it)")
+        return verdict
     if verdict.check == "unverified" and ctx.witness.unusable(key):
         a.notes.append(Note("counts_unusable",
                             f"{key}'s token counts never settle on a constant offset against "

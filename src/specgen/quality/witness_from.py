@@ -1,0 +1,35 @@
+"""`[quality] witness_from = PATH`: the prompt deltas a probe measured per provider and request
+shape (`probe.json`'s `providers[].prompt_shapes`: {answering provider: {shape: delta}}), so a
+run judges its first answers at once instead of holding them pending (docs/quality.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def read_deltas(path: Path) -> list[tuple[str, str, int]]:
+    """(provider, shape, delta) of a probe.json; ConfigError with a clear message when the
+    file is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"quality.witness_from: cannot read {path} as JSON ({exc})") from None
+    rows = data.get("providers") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ConfigError(f"quality.witness_from: {path} is not a probe.json of `specgen "
+                          "probe` (no 'providers' list)")
+    out = []
+    for row in rows:
+        shapes = row.get("prompt_shapes") if isinstance(row, dict) else None
+        if not isinstance(shapes, dict):
+            continue  # a probe written before the prompt side was measured per shape
+        for provider, by_shape in shapes.items():
+            if not isinstance(by_shape, dict):
+                continue
+            for shape, delta in by_shape.items():
+                if isinstance(delta, int) and not isinstance(delta, bool) and provider:
+                    out.append((str(provider), str(shape), delta))
+    return out

@@ -1,0 +1,82 @@
+"""`specgen probe` measures each provider's prompt delta per request shape (probe.json) and
+`[quality] witness_from = PATH` starts a run with them: its first answers are judged at once,
+none waits as pending. Real simulator process, real probe subprocess, real store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from specgen.config import ConfigError, load_config
+from specgen.quality.witness import CountWitness
+from specgen.quality.witness_from import read_deltas
+from specgen.store import Store
+from test_engine_sim import go
+from test_engine_support import ENV, REPO, SimProcess, tool_rows, write_config, write_jsonl
+
+SIM = """
+[length]
+distribution = "fixed"
+tokens = 40
+[tool_calls]
+rate = 1.0
+[[providers]]
+name = "Shaper"
+tag = "shaper/int4"
+quantization = "int4"
+tools_rendering_tokens = 30                # declares tools its own way: a delta per block
+"""
+
+
+def test_a_probe_measures_the_prompt_deltas_a_run_starts_with(tmp_path):
+    sim = SimProcess(tmp_path, SIM)
+    try:
+        write_jsonl(tmp_path / "t.jsonl", tool_rows(6))
+        path = write_config(tmp_path, sim.url, [{"name": "t", "path": "t.jsonl",
+                                                 "turns": "first", "tool_results": "strict"}],
+                            endpoint="return_token_ids = false")
+        probe = subprocess.run([sys.executable, "-m", "specgen", "probe", str(path),
+                                "--per-provider", "4"], capture_output=True, text=True,
+                               timeout=180, env=ENV, cwd=REPO)
+        assert probe.returncode == 0, probe.stderr
+        cfg = load_config(path)
+        probe_json = cfg.run_dir / "probe.json"
+        deltas = read_deltas(probe_json)
+        assert deltas and {p for p, _, _ in deltas} == {"Shaper"}
+        assert all(d != 0 and -30 <= d <= 30 for _, _, d in deltas)
+        # the run, told of them: every first answer of a known shape judged at once
+        text = path.read_text().replace("[quality]", "")
+        path.write_text(text + f'\n[quality]\nwitness_from = "{probe_json}"\n')
+        cfg, outcome = go(path)
+    finally:
+        sim.stop()
+    assert outcome.state == "finished", outcome
+    with Store.open(cfg.run_dir) as s:
+        rows = list(s.iter_results())
+    assert len(rows) == 6
+    assert {r.prompt_check for r in rows} == {"rendering"}
+    assert {(r.prompt_shape, r.prompt_delta) for r in rows} <= {(sh, d) for _, sh, d in deltas}
+    # what a run does with them: the first answer of a learnt shape is not pending
+    w = CountWitness()
+    for provider, shape, delta in deltas:
+        w.shapes.learn(provider, shape, delta, tools=True)
+    _, shape, delta = deltas[0]
+    v = w.judge("Shaper", prompt=100, completion=10, usage={"prompt_tokens": 100 + delta,
+                                                          "completion_tokens": 10},
+                shape=shape, tools=True, key=1)
+    assert v.prompt_check == "rendering" and v.check == "exact"
+
+
+def test_a_file_that_is_not_a_probe_is_a_config_error(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"prompt": "hi"}\n')
+    bad = tmp_path / "probe.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    path = write_config(tmp_path, "sim", [{"name": "t", "path": "t.jsonl"}],
+                        extra=f'[quality]\nwitness_from = "{bad}"')
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        assert "witness_from" in str(exc) and "not a probe.json" in str(exc)
+    else:
+        raise AssertionError("a file that is no probe.json was taken")

@@ -1,0 +1,161 @@
+"""The count witness against a provider that looks like the real ones: a small HTTP server
+written here (no specgen code in it) renders every request with the *official* Kimi K2.5
+template and tokenizer (../shared/models/kimi-k2.5), reports `prompt_tokens` with its own
+rendering of the tool declarations (+9 for a two-tool add/multiply block, -21 for a one-tool
+block: a constant per request shape) and answers with compact `{"a":2,"b":3}` arguments while
+its `completion_tokens` counts the model's spaced form. Every sample must be kept as
+`repaired`, its prompt delta recorded, and no verdict left pending."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import model_path
+from official_kimi import OfficialKimi
+from specgen.engine.status import run_status
+from specgen.export import ExportOptions, export_run
+from specgen.export.snapshot import read_snapshot
+from specgen.report.stats import collect
+from specgen.store import Store
+from test_engine_sim import go
+from test_engine_support import write_config, write_jsonl
+
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+MULTIPLY = {"type": "function", "function": {
+    "name": "multiply", "description": "Multiply two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+# how this provider declares tools: a constant per tools block
+RENDERING = {("add", "multiply"): 9, ("add",): -21}
+
+
+@pytest.fixture(scope="module")
+def official():
+    path = model_path("kimi-k2.5")
+    if not (path / "chat_template.jinja").exists():
+        pytest.skip(f"official chat_template.jinja not found in {path}")
+    return OfficialKimi(path / "chat_template.jinja", path / "tiktoken.model",
+                        path / "tokenizer_config.json", path / "tool_declaration_ts.py")
+
+
+class Provider(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, official: OfficialKimi):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.official = official
+        self.prompts: list[tuple[int, int]] = []  # (official prompt ids, reported)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        self._send(404, {"error": {"code": 404, "message": "not here"}})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not self.path.endswith("/chat/completions") or body.get("stream"):
+            self._send(400, {"error": {"code": 400, "message": "non-stream chat only"}})
+            return
+        off: OfficialKimi = self.server.official
+        messages, tools = body["messages"], body.get("tools")
+        prompt = off.ids(messages, tools, add_generation_prompt=True, thinking=False)
+        spaced = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "functions.add:0", "type": "function",
+             "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]}
+        full = off.ids([*messages, spaced], tools, add_generation_prompt=False, thinking=False)
+        assert full[:len(prompt)] == prompt
+        names = tuple(t["function"]["name"] for t in tools or ())
+        reported = len(prompt) + RENDERING.get(names, 0)
+        self.server.prompts.append((len(prompt), reported))
+        self._send(200, {
+            "id": f"gen-{len(self.server.prompts)}", "object": "chat.completion",
+            "model": body["model"], "provider": "Together", "created": 1,
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": "", "tool_calls": [
+                    {"id": "functions.add:0", "type": "function",
+                     "function": {"name": "add", "arguments": '{"a":2,"b":3}'}}]}}],
+            "usage": {"prompt_tokens": reported, "completion_tokens": len(full) - len(prompt),
+                      "total_tokens": reported + len(full) - len(prompt)}})
+
+    def _send(self, status: int, payload: dict):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def rows(n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        tools = [ADD, MULTIPLY] if i % 3 else [ADD]
+        out.append({"id": f"r{i}", "tools": tools, "messages": [
+            {"role": "system", "content": "You are a calculator. Use the tools."},
+            {"role": "user", "content": f"What is 2 + 3? (question {i})"}]})
+    return out
+
+
+def test_a_real_answer_is_kept_whatever_the_providers_rendering(tmp_path, official):
+    server = Provider(official)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        write_jsonl(tmp_path / "calc.jsonl", rows(9))
+        path = write_config(
+            tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1",
+            [{"name": "calc", "path": "calc.jsonl", "format": "openai"}],
+            endpoint="stream = false\nfetch_endpoints = false\nreturn_token_ids = false",
+            sampling="max_tokens = 512\nreasoning = false")
+        text = path.read_text().replace('tokenizer = "demo"',
+                                        f'tokenizer = "{model_path("kimi-k2.5")}"')
+        path.write_text(text)
+        cfg, outcome = go(path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert outcome.state == "finished", outcome
+    with Store.open(cfg.run_dir) as s:
+        got = list(s.iter_results())
+        (quarantined,) = s.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()
+    assert quarantined == 0 and len(got) == 9
+    for r in got:
+        names = tuple(t["function"]["name"] for t in r.request["tools"])
+        assert r.n_prompt in {n for n, _ in server.prompts}  # ours is the official prompt
+        assert r.count_check == "repaired", (r.count_check, r.repairs)
+        assert "count:arguments_spaced" in r.repairs
+        assert r.completion_check == "repaired" and r.completion_delta == 3
+        assert (r.prompt_check, r.prompt_delta) == ("rendering", RENDERING[names])
+        assert r.prompt_tokens == r.n_prompt + RENDERING[names]
+        call = r.message["tool_calls"][0]["function"]["arguments"]
+        assert call == '{"a": 2, "b": 3}'  # the model's own form, as the count says
+    assert len({r.prompt_shape for r in got}) == 2  # one shape per tools block
+    # status shows both sides per provider
+    sides = run_status(cfg.run_dir)["providers"]["Together"]["witness_sides"]
+    assert sides == {"prompt": {"rendering": 9}, "completion": {"repaired": 9},
+                     "prompt_deltas": {"+9": 6, "-21": 3}}
+    # and the report, per provider
+    with read_snapshot(cfg.run_dir) as store:
+        stats = collect(store)
+    (together,) = [p for p in stats.providers if p["provider"] == "Together"]
+    assert together["witness_sides"] == sides
+    # and the exports: each sample's two sides
+    out = tmp_path / "t.jsonl"
+    export_run(cfg.run_dir, ExportOptions(format="tokens", jsonl=True, out=out))
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(exported) == 9
+    assert {(e["prompt_check"], e["completion_check"], e["completion_delta"])
+            for e in exported} == {("rendering", "repaired", 3)}
+    assert sorted(e["prompt_delta"] for e in exported) == [-21] * 3 + [9] * 6
