@@ -239,3 +239,10 @@ def test_answers_right_after_tool_results_do_not_count_for_the_tool_calls_alarm(
         assert alarms.observe(obs(task=i, tools_offered=True, after_tool_result=True)) is None
     fired = [alarms.observe(obs(task=300 + i, tools_offered=True)) for i in range(50)]
     assert [a.name for a in fired if a] == ["tool_calls"]
+
+
+def test_every_alarm_says_what_to_change():
+    from specgen.quality.alarms import ALARMS, FIXES
+
+    assert set(FIXES) == set(ALARMS), set(ALARMS) ^ set(FIXES)
+    assert all(FIXES[name].strip() for name in ALARMS)

@@ -59,6 +59,14 @@ FIXES: dict[str, str] = {
     "empty": "raise `max_tokens` (reasoning may use it all), or allow another provider",
     "length": "raise `max_tokens` ([sampling] or the dataset's), or keep cut answers with "
               "the dataset's `on_length = \"keep\"`",
+    "unverifiable": "the provider's counts cannot vouch for its answers: exclude it (`specgen "
+                    "provider RUN_DIR --exclude NAME`, or `[quality] auto_exclude = true`), "
+                    "check `[target] tokenizer`, or accept them unverified (`[quality] alarms = { "
+                    "unverifiable = false }`)",
+    "repetition": "the model loops: lower `max_tokens` or change `[sampling]` (e.g. "
+                  "repetition/presence penalties), or drop the loops "
+                  "(`[quality] repetition = { action = \"quarantine\" }`, or export with "
+                  "`--max-repetition`)",
 }
 
 
