@@ -53,19 +53,15 @@ def tmpfs(path: Path, size: str):
 def fill(disk: Path) -> Path:
     """Write a filler file until the disk is full."""
     filler = disk / "filler"
-    chunk = b"\0" * (256 * 1024)
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(chunk)
-                f.flush()
-        except OSError:
-            pass
-    with contextlib.suppress(OSError):
-        with open(filler, "ab") as f:  # the last few bytes too
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
+    # unbuffered: a buffered file's close() would write its rest again and raise ENOSPC
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for size in (256 * 1024, 4096, 1):  # then the last few bytes too
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
     return filler
 
 
