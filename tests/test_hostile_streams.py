@@ -112,9 +112,10 @@ def test_a_real_run_reads_a_64k_token_loop_at_the_cost_per_token_of_a_short_one(
     cpu = real_run_cpu(tmp_path, (8000, 64000), per_write)
     base = cpu[16]
     per_token = {n: max(cpu[n] - base, 1e-3) / n for n in (8000, 64000)}
-    # before: 22 s of CPU at 8k tokens, ~23 min at 64k (quadratic); now both are a few
-    # tens of µs per token
-    assert per_token[64000] < 3 * per_token[8000] + 20e-6, (cpu, per_token)
+    # before: 22 s of CPU at 8k tokens, ~23 min at 64k (quadratic: ~20,000 µs per token);
+    # now both are a few µs per token. The slack (100 µs per token) absorbs start-up noise
+    # and a loaded machine (24 µs per token seen with a second test run beside it)
+    assert per_token[64000] < 3 * per_token[8000] + 100e-6, (cpu, per_token)
 
 
 def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are_read(
