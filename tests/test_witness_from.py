@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from specgen.config import ConfigError, load_config
 from specgen.quality.witness import CountWitness
 from specgen.quality.witness_from import read_deltas
@@ -29,7 +31,8 @@ tools_rendering_tokens = 30                # declares tools its own way: a delta
 """
 
 
-def test_a_probe_measures_the_prompt_deltas_a_run_starts_with(tmp_path):
+@pytest.mark.parametrize("told", [True, False], ids=["witness_from", "run-dir-probe"])
+def test_a_probe_measures_the_prompt_deltas_a_run_starts_with(tmp_path, told):
     sim = SimProcess(tmp_path, SIM)
     try:
         write_jsonl(tmp_path / "t.jsonl", tool_rows(6))
@@ -45,13 +48,18 @@ def test_a_probe_measures_the_prompt_deltas_a_run_starts_with(tmp_path):
         deltas = read_deltas(probe_json)
         assert deltas and {p for p, _, _ in deltas} == {"Shaper"}
         assert all(d != 0 and -30 <= d <= 30 for _, _, d in deltas)
-        # the run, told of them: every first answer of a known shape judged at once
-        text = path.read_text().replace("[quality]", "")
-        path.write_text(text + f'\n[quality]\nwitness_from = "{probe_json}"\n')
+        # the run, told of them (or finding the probe.json in its run dir): every first
+        # answer of a known shape judged at once
+        if told:
+            text = path.read_text().replace("[quality]", "")
+            path.write_text(text + f'\n[quality]\nwitness_from = "{probe_json}"\n')
         cfg, outcome = go(path)
     finally:
         sim.stop()
     assert outcome.state == "finished", outcome
+    log = (cfg.run_dir / "specgen.log").read_text()
+    source = "witness_from" if told else "probe"
+    assert f"{source} {probe_json}: {len(deltas)} prompt delta(s)" in log, log[-2000:]
     with Store.open(cfg.run_dir) as s:
         rows = list(s.iter_results())
     assert len(rows) == 6

@@ -159,3 +159,14 @@ def test_a_real_answer_is_kept_whatever_the_providers_rendering(tmp_path, offici
     assert {(e["prompt_check"], e["completion_check"], e["completion_delta"])
             for e in exported} == {("rendering", "repaired", 3)}
     assert sorted(e["prompt_delta"] for e in exported) == [-21] * 3 + [9] * 6
+    # the manifest counts both sides per provider, like status
+    manifest = json.loads(out.with_name("t.manifest.json").read_text())
+    assert manifest["totals"]["witness_sides"] == {"Together": sides}
+    # and verify, per provider (JSON and text)
+    from specgen.verify import format_report, verify_run
+
+    report = verify_run(cfg.run_dir)
+    (pc,) = report.to_json()["providers"]
+    assert pc["witness_sides"] == sides
+    assert "witness sides: prompt rendering 9 · completion repaired 9 · deltas +9 ×6, -21 ×3" \
+        in format_report(report)

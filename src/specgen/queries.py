@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from . import witness_sides
 from .display import UNKNOWN_PROVIDER
 from .store import Store
 
@@ -76,13 +77,8 @@ def witness_sides_by_provider(store: Store) -> dict[str, dict[str, Any]]:
     except sqlite3.OperationalError:  # an older store opened read-only: no such columns
         return out
     for provider, p_check, c_check, delta, n in rows:
-        entry = out.setdefault(provider or UNKNOWN_PROVIDER,
-                               {"prompt": {}, "completion": {}, "prompt_deltas": {}})
-        for side, check in (("prompt", p_check), ("completion", c_check)):
-            entry[side][check or "unchecked"] = entry[side].get(check or "unchecked", 0) + n
-        if delta is not None:
-            key = f"{delta:+d}"
-            entry["prompt_deltas"][key] = entry["prompt_deltas"].get(key, 0) + n
+        witness_sides.add(out.setdefault(provider or UNKNOWN_PROVIDER, witness_sides.empty()),
+                          p_check, c_check, delta, n)
     return out
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from . import witness_sides
 from .conversation import AssistantMessage
 from .display import UNKNOWN_PROVIDER
 from .export.snapshot import read_snapshot
@@ -122,6 +123,8 @@ class ProviderCheck:
     mismatches: list[dict[str, Any]] = field(default_factory=list)  # first MISMATCH_LIST
     # true-id samples: the witness's verdict on our ids -> {"reconstructed": n, "differ": n}
     witness: dict[str, Counter] = field(default_factory=dict)
+    # both sides of the count witness (specgen.witness_sides): prompt and completion verdicts
+    sides: dict[str, dict[str, int]] = field(default_factory=witness_sides.empty)
 
     def to_json(self) -> dict[str, Any]:
         return {"provider": self.provider, "base_url": self.base_url, "samples": self.samples,
@@ -129,7 +132,9 @@ class ProviderCheck:
                 "true_ids": {"prompt": self.prompt.to_json(),
                              "completion": self.completion.to_json(),
                              "mismatches": self.mismatches},
-                "witness_vs_true_ids": {k: dict(v) for k, v in sorted(self.witness.items())}}
+                "witness_vs_true_ids": {k: dict(v) for k, v in sorted(self.witness.items())},
+                "witness_sides": {part: dict(sorted(c.items()))
+                                  for part, c in self.sides.items()}}
 
 
 @dataclass
@@ -279,6 +284,8 @@ def verify_run(run_dir: str | Path, *, tokenizer: str | None = None,
                 report.add_sample([Problem("blob", raw[0], raw[3], raw[2], raw[4],
                                            f"stored sample cannot be decoded: {exc}")])
                 continue
+            witness_sides.add(pc.sides, row.prompt_check, row.completion_check,
+                              row.prompt_delta)
             report.add_sample(checker.check(row, report, pc))
         report.store_problems = store_consistency(store)
         report.quarantined = store.quarantine_counts()
@@ -634,6 +641,8 @@ def format_providers(r: VerifyReport) -> list[str]:
                                                                        strict=True))).rstrip())
     for pc in pcs:
         where = f"{pc.provider}" + (f" ({pc.base_url})" if pc.base_url else "")
+        if any(pc.sides.values()):
+            lines.append(f"    {where}: witness sides: {witness_sides.describe(pc.sides)}")
         if set(pc.witness) - {"none"}:  # samples judged by the witness before storing
             lines.append(f"    {where}: witness verdict on our ids vs true ids: " + ", ".join(
                 f"{v} {c.get('reconstructed', 0)} reconstructed / {c.get('differ', 0)} differ"

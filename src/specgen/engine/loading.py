@@ -5,8 +5,10 @@ class, and the conversations left open (each asked for its next request again)."
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from ..conversation import AssistantMessage, Conversation
+from ..errors import ConfigError
 from ..quality.witness_from import read_deltas
 from ..queries import failed_tasks_by_class, prompt_shape_deltas, vouched_deltas
 from ..store import unpack_json
@@ -33,12 +35,7 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
         engine.witness.seed_shape(provider, shape, dp, tools=False, key=task,
                                   pending=p_check == "pending",
                                   completion_check=c_check or "exact")
-    if cfg.quality.witness_from is not None:  # a probe's deltas per provider and shape
-        learnt = read_deltas(cfg.quality.witness_from)
-        for provider, shape, delta in learnt:
-            engine.witness.shapes.learn(provider, shape, delta, tools=False)
-        log.info("witness_from %s: %d prompt delta(s) per provider and request shape",
-                 cfg.quality.witness_from, len(learnt))
+    _load_probe_deltas(engine, cfg)
     _load_exclusions(engine)
     _load_datasets(engine)
     load_alarms(engine, ack_alarms)
@@ -152,3 +149,25 @@ def load_alarms(engine, ack: tuple[str, ...] = ()) -> None:
         for name, rec in recs.items():
             if not rec.get("acked") and ds in names:
                 steering.standing_alarm(ds, name, rec)
+
+
+def _load_probe_deltas(engine, cfg) -> None:
+    """A probe's prompt deltas per provider and request shape: `[quality] witness_from`, else
+    the run dir's own probe.json (`specgen probe` writes it there), so the first answers are
+    judged at once (docs/quality.md, "Two sides")."""
+    path, given = cfg.quality.witness_from, True
+    if path is None:
+        path, given = Path(cfg.run_dir) / "probe.json", False
+        if not path.is_file():
+            return
+    try:
+        learnt = read_deltas(path)
+    except ConfigError as exc:
+        if given:
+            raise
+        log.warning("%s (the run dir's probe.json is not used)", exc)
+        return
+    for provider, shape, delta in learnt:
+        engine.witness.shapes.learn(provider, shape, delta, tools=False)
+    log.info("%s %s: %d prompt delta(s) per provider and request shape",
+             "witness_from" if given else "probe", path, len(learnt))

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import witness_sides
 from ..display import clean_floats
 from ..exclusions import read_excluded
 from ..planner import weakest_match
@@ -100,6 +101,8 @@ class DatasetTotals:
     # exported samples by answering provider and by the quantization that served them
     providers: dict[str, int] = field(default_factory=dict)
     quantizations: dict[str, int] = field(default_factory=dict)
+    # exported samples by answering provider: both sides of the witness (specgen.witness_sides)
+    witness_sides: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     def add_samples(self, rows: Sequence[ResultRow]) -> None:
         self.conversations += 1
@@ -118,6 +121,8 @@ class DatasetTotals:
             self.providers[provider] = self.providers.get(provider, 0) + 1
             quant = r.quantization or "unknown"
             self.quantizations[quant] = self.quantizations.get(quant, 0) + 1
+            witness_sides.add(self.witness_sides.setdefault(provider, witness_sides.empty()),
+                              r.prompt_check, r.completion_check, r.prompt_delta)
             weakest = weakest_match(r.tool_matches)
             if weakest is not None:
                 self.tool_matches[weakest] = self.tool_matches.get(weakest, 0) + 1
@@ -445,7 +450,9 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
     total = DatasetTotals()
     for t in totals.values():
         for k in asdict(total):
-            if k in DICT_TOTALS:
+            if k == "witness_sides":
+                witness_sides.merge(total.witness_sides, t.witness_sides)
+            elif k in DICT_TOTALS:
                 into = getattr(total, k)
                 for key, n in getattr(t, k).items():
                     into[key] = into.get(key, 0) + n
@@ -454,6 +461,7 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
     for t in (total, *totals.values()):
         for k in DICT_TOTALS:
             setattr(t, k, dict(sorted(getattr(t, k).items())))
+        t.witness_sides = witness_sides.ordered(t.witness_sides)
     for t in (total, *totals.values()):
         t.cost_usd = round(t.cost_usd, 10)  # no float-sum noise in the manifest
     per = {d: asdict(t) for d, t in totals.items()}

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import witness_sides
 from ..queries import conversation_counts, detail_text
 from . import svg
 from .stats import RunStats, percentile
@@ -152,7 +153,7 @@ def _tokens_cost(s: RunStats) -> Section:
     sides = any(p.get("witness_sides") for p in s.providers)  # stores made before: none
     if sides:
         for row, p in zip(pr_rows, s.providers, strict=True):
-            row.append(_sides(p.get("witness_sides")))
+            row.append(witness_sides.describe(p.get("witness_sides")))
     sec = Section("tokens-cost", "Tokens and cost", [
         Table("Per dataset", ["dataset", "samples", "conversations", "prompt tok", "completion tok",
                               "reasoning tok", "trained tok", "cost (kept)", "billed (all)",
@@ -182,18 +183,6 @@ def _tokens_cost(s: RunStats) -> Section:
 def _count_checks(checks: dict[str, int] | None) -> str:
     """`exact 12, mismatch 1`: a provider's kept samples by count_check."""
     return ", ".join(f"{k} {n}" for k, n in sorted((checks or {}).items())) or "—"
-
-
-def _sides(sides: dict[str, Any] | None) -> str:
-    """`prompt rendering 6, exact 3 · completion repaired 9 · deltas +9 ×6`."""
-    if not sides:
-        return "—"
-    parts = [f"{side} " + ", ".join(f"{k} {n}" for k, n in sorted(sides[side].items()))
-             for side in ("prompt", "completion") if sides.get(side)]
-    if sides.get("prompt_deltas"):
-        parts.append("deltas " + ", ".join(f"{d} ×{n}" for d, n in sorted(
-            sides["prompt_deltas"].items())))
-    return " · ".join(parts) or "—"
 
 
 def _lengths(s: RunStats) -> Section:
