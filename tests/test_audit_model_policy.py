@@ -6,29 +6,21 @@ kept unchecked."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
 
 from specgen.engine.model_check import ModelCheck
-from test_engine_support import SimProcess, prompt_rows, run_cli, write_config, write_jsonl
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    name = "specgen_bench_hostile"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "hostile.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from test_engine_support import (
+    SimProcess,
+    hostile_bench,
+    prompt_rows,
+    run_cli,
+    write_config,
+    write_jsonl,
+)
 
 
 @pytest.mark.parametrize("model,ok", [
@@ -63,7 +55,7 @@ quirks = { wrong_model = 0.4 }
 
 
 def hostile_run(tmp: Path, rows: int = 6, endpoint: str = "", **head):
-    bench = _bench()
+    bench = hostile_bench()
     server, url = bench.serve(lambda body: 5, per_write=8, **head)
     try:
         cfg = bench.write_run(tmp, url, "h", max_tokens=100,

@@ -4,34 +4,20 @@ charged, budgets holding — in a real `specgen run` against a small HTTP server
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
 
 from specgen.client.parse import StreamParser, parse_completion
 from specgen.client.usage import clean_usage
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    name = "specgen_bench_hostile"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "hostile.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from test_engine_support import hostile_bench
 
 
 def run_with_usage(tmp: Path, usage, rows: int, endpoint: str = "", dataset: str = "",
                    max_tokens: int = 100):
-    bench = _bench()
+    bench = hostile_bench()
     server, url = bench.serve(lambda body: 20, per_write=8, distinct=True,
                               usage_for=lambda body, n: usage)
     try:
@@ -91,7 +77,7 @@ def test_clean_usage_keeps_good_numbers_and_names_the_bad():
     resp = parse_completion(body)
     assert resp.usage == {} and resp.usage_warnings
     p = StreamParser()
-    rep, end, first = _bench().answer_events(2, usage={"completion_tokens": "abc"})
+    rep, end, first = hostile_bench().answer_events(2, usage={"completion_tokens": "abc"})
     p.feed(first + rep + rep + end)
     resp = p.finish()
     assert resp.usage == {} and resp.usage_warnings == ["usage.completion_tokens = 'abc'"]

@@ -18,6 +18,20 @@ from specgen.store import Store, unpack_ids
 from test_sim_support import SimProcess  # noqa: F401 - re-exported for the engine tests
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def hostile_bench():
+    """bench/hostile.py as a module (its servers and answer builders), loaded once."""
+    import importlib.util
+
+    name = "specgen_bench_hostile"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "hostile.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 SPECGEN = [sys.executable, "-m", "specgen"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

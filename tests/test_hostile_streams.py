@@ -6,7 +6,6 @@ ratios (quadratic code gives ×8 per ×8 in length), never absolute times."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -16,25 +15,13 @@ import pytest
 
 from specgen.client.parse import StreamParser
 from specgen.quality.repairs import dedup_candidates
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    name = "specgen_bench_hostile"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "hostile.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from test_engine_support import hostile_bench
 
 
 def parse_loop(n: int, per_feed: int) -> tuple[float, object]:
     """CPU seconds to parse an n-event loop fed `per_feed` events at a time, and its answer's
     witness candidates."""
-    rep, end, first = _bench().answer_events(n)
+    rep, end, first = hostile_bench().answer_events(n)
     p = StreamParser()
     t0 = time.process_time()
     p.feed(first)
@@ -67,7 +54,7 @@ def test_parser_and_candidates_cost_linear_time_on_a_repetition_loop(per_feed):
 
 def test_a_doubling_relay_is_one_candidate_and_single_repeats_each_their_own():
     p = StreamParser()
-    rep = _bench()
+    rep = hostile_bench()
     for word in ("a", "b", "c", "d") * 5:
         ev = rep.answer_events(1, piece=" " + word + str(len(word)))[0]
         p.feed(ev + ev)  # every event doubled
@@ -87,7 +74,7 @@ def test_a_doubling_relay_is_one_candidate_and_single_repeats_each_their_own():
 
 
 def real_run_cpu(tmp: Path, sizes, per_write: int) -> dict[int, float]:
-    bench = _bench()
+    bench = hostile_bench()
     wanted = {"n": 0}
     server, url = bench.serve(lambda body: wanted["n"], per_write=per_write,
                               usage_for=lambda body, n: {"prompt_tokens": 16,
@@ -122,7 +109,7 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are
         tmp_path):
     import sqlite3
 
-    bench = _bench()
+    bench = hostile_bench()
     # q0 is a loop of 400k tokens (1.6 MB of text); the others are short answers
     server, url = bench.serve(lambda body: 400_000 if "again" in str(body) else 20,
                               per_write=512)
@@ -157,7 +144,7 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are
 def test_max_answer_bytes_must_be_a_positive_size(tmp_path):
     import subprocess
 
-    bench = _bench()
+    bench = hostile_bench()
     cfg = bench.write_run(tmp_path, "http://127.0.0.1:9/v1", "bad",
                           endpoint='max_answer_bytes = -5')
     res = subprocess.run([sys.executable, "-m", "specgen", "run", str(cfg), "--no-live"],
@@ -170,7 +157,7 @@ def test_max_answer_bytes_must_be_a_positive_size(tmp_path):
 def test_a_relay_doubling_every_event_without_counts_is_quarantined_not_exported(tmp_path):
     import sqlite3
 
-    bench = _bench()
+    bench = hostile_bench()
     server, url = bench.serve(lambda body: 30, doubled=True, usage_for=lambda body, n: {})
     try:
         cfg = bench.write_run(tmp_path, url, "dbl", max_tokens=200)
