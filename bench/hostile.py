@@ -41,6 +41,19 @@ def event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+def feed_loop(parser, rep: bytes, end: bytes, first: bytes, n: int, per_feed: int):
+    """Feed `parser` a loop of n repeated events, `per_feed` at a time; its finished answer."""
+    parser.feed(first)
+    block = rep * per_feed
+    left = n
+    while left > 0:
+        k = min(per_feed, left)
+        parser.feed(block if k == per_feed else rep * k)
+        left -= k
+    parser.feed(end)
+    return parser.finish()
+
+
 def answer_events(tokens: int, *, piece: str = PIECE, usage: dict | None = None,
                   finish: str = "stop", provider: object = "Loop", model: object = MODEL,
                   extra: dict | None = None) -> tuple[bytes, bytes, bytes]:
@@ -205,16 +218,7 @@ def parse_per_token(n: int, per_feed: int, runs: int) -> float:
     best = []
     for _ in range(runs):
         t0 = time.process_time()
-        p = StreamParser()
-        p.feed(first)
-        block = rep * per_feed
-        left = n
-        while left > 0:
-            k = min(per_feed, left)
-            p.feed(block if k == per_feed else rep * k)
-            left -= k
-        p.feed(end)
-        dedup_candidates(p.finish())
+        dedup_candidates(feed_loop(StreamParser(), rep, end, first, n, per_feed))
         best.append(time.process_time() - t0)
     return statistics.median(best) / n * 1e6
 

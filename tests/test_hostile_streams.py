@@ -21,18 +21,10 @@ from test_engine_support import hostile_bench
 def parse_loop(n: int, per_feed: int) -> tuple[float, object]:
     """CPU seconds to parse an n-event loop fed `per_feed` events at a time, and its answer's
     witness candidates."""
-    rep, end, first = hostile_bench().answer_events(n)
-    p = StreamParser()
+    bench = hostile_bench()
+    rep, end, first = bench.answer_events(n)
     t0 = time.process_time()
-    p.feed(first)
-    block = rep * per_feed
-    left = n
-    while left > 0:
-        k = min(per_feed, left)
-        p.feed(block if k == per_feed else rep * k)
-        left -= k
-    p.feed(end)
-    resp = p.finish()
+    resp = bench.feed_loop(StreamParser(), rep, end, first, n, per_feed)
     cands = dedup_candidates(resp)
     return time.process_time() - t0, (resp, cands)
 
