@@ -64,6 +64,25 @@ def resolve_prices(
     return Prices(prompt, completion, source)
 
 
+def cap_below_one_request(max_cost_usd: float | None, prices: Prices,
+                          max_tokens: dict[str, int]) -> str | None:
+    """Why `max_cost_usd` cannot pay for one request of any dataset (`max_tokens`: each
+    dataset's), or None. A request in flight is counted at its worst case, so under such a cap
+    nothing would ever be sent. Only the completion side is counted (the prompt adds to it)."""
+    if max_cost_usd is None or prices.completion is None or not max_tokens:
+        return None
+    name, least = min(max_tokens.items(), key=lambda kv: kv[1])
+    worst = least * prices.completion
+    if max_cost_usd >= worst:
+        return None
+    return (f"[budget] max_cost_usd ${max_cost_usd:g} is smaller than one request's worst case "
+            f"(${worst:.6g}: max_tokens {least:,} of dataset {name!r} x "
+            f"${prices.completion * 1e6:g} per million completion tokens, prices from "
+            f"{prices.source}, before its prompt tokens): a request in flight is counted at "
+            "its worst case, so nothing would ever be sent; raise max_cost_usd "
+            "or lower max_tokens")
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     """What one attempt was charged: its usage as the provider reported it, its cost as

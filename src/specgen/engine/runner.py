@@ -32,7 +32,7 @@ from ..request import local_engines
 from ..store import STORE_FILE, Store, StoreError, check_writable
 from . import event_loop
 from .ballast import Ballast
-from .budget import Budget, resolve_prices
+from .budget import Budget, cap_below_one_request, resolve_prices
 from .control import RunLock, clear_control
 from .logfile import RunLogFile
 from .outcome import EXIT_STOPPED, Outcome
@@ -122,6 +122,8 @@ def run(cfg: RunConfig, opts: RunOptions | None = None) -> Outcome:
     except (ValueError, event_loop.LoopUnavailable) as exc:
         raise RunError(str(exc)) from None
     key_env = cfg.endpoint.api_key_env  # before anything is written: a refusal leaves nothing
+    _check_cap(cfg, resolve_prices(cfg.budget.prompt_price_per_m,
+                                   cfg.budget.completion_price_per_m, None))
     if (not cfg.endpoint.is_sim and key_env and not os.environ.get(key_env)
             and not all(_is_local(u) for u in cfg.endpoint.base_url)):
         raise RunError(f"the API key is not set: export {key_env}=... (endpoint.api_key_env "
@@ -257,6 +259,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
                 raise RunError("target.chat_template_kwargs is sent only to vLLM/SGLang-style "
                                "servers, but this endpoint lists providers (the openrouter "
                                "dialect); set [endpoint] dialect = \"openai\" or drop the key")
+            _check_cap(cfg, prices)  # now with the endpoint list's prices too
             store.set_meta("prices", orjson.dumps(prices.to_json()).decode())
             if cfg.budget.max_cost_usd is not None and not prices.known:
                 log.warning("no prices known (set [budget] prompt_price_per_m and "
@@ -332,6 +335,14 @@ def _resolve_local_defaults(cfg: RunConfig, policy: ProviderPolicy) -> None:
         cfg.target.serving = "vllm"  # local engines parse history arguments (vLLM, SGLang)
         log.info("serving = vllm (local engines): history tool-call arguments as the server "
                  "renders them")
+
+
+def _check_cap(cfg: RunConfig, prices) -> None:
+    """Refuse a dollar cap that cannot pay for one request (nothing would be sent)."""
+    problem = cap_below_one_request(cfg.budget.max_cost_usd, prices,
+                                    {ds.name: cfg.max_tokens_for(ds) for ds in cfg.datasets})
+    if problem:
+        raise RunError(problem)
 
 
 def _end_session(store: Store, session_id: int, state: str, reason: str) -> None:
