@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,17 +236,28 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
 
     sim = None
     urls = None
-    if cfg.endpoint.is_sim:
-        from .. import sim as simmod
+    # a stop while starting (waiting for an unreachable API, say) ends this task: the engine
+    # installs its own handlers once it runs
+    task = asyncio.current_task()
+    stopped_by: list[str] = []
 
-        sim = await asyncio.to_thread(
-            simmod.start_in_thread, cfg.sim.config, seed=cfg.sim.seed, tokenizer=tokenizer,
-            renderer=cfg.target.renderer)
-        urls = [sim.url]
-        log.info("simulator listening on %s", sim.url)
+    def stop_starting(why: str) -> None:
+        if not stopped_by and task is not None:
+            stopped_by.append(why)
+            task.cancel()
+
+    _on_stop_signals(stop_starting)
     session_id = store.start_session(os.getpid(), socket.gethostname(),
                                      orjson.dumps(opts.argv).decode(), time.time())
     try:
+        if cfg.endpoint.is_sim:
+            from .. import sim as simmod
+
+            sim = await asyncio.to_thread(
+                simmod.start_in_thread, cfg.sim.config, seed=cfg.sim.seed, tokenizer=tokenizer,
+                renderer=cfg.target.renderer)
+            urls = [sim.url]
+            log.info("simulator listening on %s", sim.url)
         client = ChatClient.from_config(cfg.endpoint, base_urls=urls)
         log.info("network: %s", client.describe_proxies())
         async with client:
@@ -294,8 +306,14 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         log.error("%s", exc)
         return Outcome("stopped", f"{exc}; work left pending, rerun to resume", EXIT_STOPPED)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        _end_session(store, session_id, "stopped", "interrupted while starting")
-        raise
+        if not stopped_by:
+            _end_session(store, session_id, "stopped", "interrupted while starting")
+            raise
+        reason = (f"stopped ({stopped_by[0]}) while starting, before any request was sent; "
+                  "work left pending, rerun to resume")
+        _end_session(store, session_id, "stopped", reason)
+        log.warning("%s", reason)
+        return Outcome("stopped", reason, EXIT_STOPPED)
     except BaseException as exc:
         reason = (str(exc) if isinstance(exc, RunError | ApiError)
                   else f"crashed: {exc!r}")
@@ -431,17 +449,25 @@ async def _check_key(cfg: RunConfig, client) -> None:
                         "stop with 402 (resumable) when it runs out", remaining, cap)
 
 
-async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
-    from .live import LiveView, progress_line
-
+def _on_stop_signals(stop: Callable[[str], None]) -> list[int]:
+    """SIGINT and SIGTERM call `stop("signal NAME")` (replacing earlier handlers); the
+    signals installed (none off the main thread)."""
     loop = asyncio.get_running_loop()
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, engine.request_stop, f"signal {signal.Signals(sig).name}")
+            loop.add_signal_handler(sig, stop, f"signal {signal.Signals(sig).name}")
             installed.append(sig)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass
+    return installed
+
+
+async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
+    from .live import LiveView, progress_line
+
+    loop = asyncio.get_running_loop()
+    installed = _on_stop_signals(engine.request_stop)
     interval = cfg.engine.log_interval
     last = [time.monotonic()]
 
