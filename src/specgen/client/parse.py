@@ -25,6 +25,9 @@ _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 
 MAX_LINE = 16 * 1024 * 1024  # an SSE line longer than this is not a chat chunk
+# what one sampled token id counts for against `max_answer_bytes` (a token-in answer holds
+# ids, no text; ~4 bytes of text a token, so 4 MiB is still about a million tokens)
+BYTES_PER_ID = 4
 RUN_EVENTS = 4  # a block shorter than this many of the newest frame's events: the event loop
 
 
@@ -334,7 +337,8 @@ class StreamParser:
 
     def _check_size(self) -> None:
         """Count the pieces added since the last read (each piece once: linear); past
-        `max_text`, end the stream as cut."""
+        `max_text` (text, or BYTES_PER_ID a sampled id when that is more), end the stream as
+        cut."""
         content, reasoning = self._content, self._reasoning
         nc, nr = self._sized
         if len(content) > nc:
@@ -342,8 +346,9 @@ class StreamParser:
         if len(reasoning) > nr:
             self._size += sum(map(len, reasoning[nr:]))
         self._sized = (len(content), len(reasoning))
-        if self._size > self.max_text:  # type: ignore[operator]
-            self.oversize = self._size
+        size = max(self._size, BYTES_PER_ID * len(self._completion_ids or ()))
+        if size > self.max_text:  # type: ignore[operator]
+            self.oversize = size
             self.done = True
             self._buf = b""
 
