@@ -22,12 +22,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def hostile_bench():
     """bench/hostile.py as a module (its servers and answer builders), loaded once."""
+    return bench_module("hostile")
+
+
+def bench_module(stem: str):
+    """bench/<stem>.py as a module, loaded once."""
     import importlib.util
 
-    name = "specgen_bench_hostile"
+    name = f"specgen_bench_{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "hostile.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{stem}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)

@@ -33,9 +33,12 @@ async def tick(engine, on_tick=None) -> None:
 async def _tick_forever(engine, on_tick) -> None:
     eng, writer = engine.cfg.engine, engine.writer
     last_beat = 0.0
+    interval = min(eng.commit_interval, 0.25)
     while True:
-        await asyncio.sleep(min(eng.commit_interval, 0.25))
+        asleep = time.monotonic()
+        await asyncio.sleep(interval)
         now = time.monotonic()
+        engine.stats.loop_stall = max(engine.stats.loop_stall, now - asleep - interval)
         engine.steering.poll()
         engine.stats.tick()
         engine.eta.sample(sum(ds.tasks.get("done", 0) + ds.tasks.get("failed", 0)

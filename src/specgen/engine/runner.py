@@ -504,6 +504,7 @@ async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
             outcome = await engine.run(on_tick=plain_tick)
         log.info("%s", progress_line(engine))
         log.info("session ended: %s — %s", outcome.state, outcome.stop_reason)
+        log.info("event loop: longest stall %.0f ms", engine.stats.loop_stall * 1000)
         return outcome
     finally:
         for sig in installed:

@@ -34,7 +34,7 @@ from .admission import Admission
 from .answer import rejudge
 from .answer.attempt import AnswerContext
 from .answer.outcomes import Fatal, Kept, Quarantined, Rejected
-from .answer.pipeline import AnswerPipeline
+from .answer.pipeline import AnswerPipeline, Processed, uncancelled
 from .answer.record import quarantine_record
 from .budget import Budget, Charge
 from .conversations import Conversations
@@ -343,20 +343,28 @@ class Engine:
             log.exception("unexpected client failure")
             self._on_error(job, ApiError("connection", f"unexpected client failure: {exc!r}"))
         else:
-            self._on_answer(job, resp)
+            charge, pstats = self._charged(job, resp)
+            if self.answers.at_once(resp):
+                done = self.answers.process(job, resp, charge)
+            else:  # judged off the loop, or after the answer that is
+                done = await uncancelled(self.answers.judge(job, resp, charge))
+            self._on_answer(job, resp, charge, pstats, done)
 
     def _record_attempt(self, record: AttemptRecord) -> None:
         self.stats.attempts += 1
         self.writer.batch.attempts.append(record)
 
     # -- answers: the pipeline decides, the engine carries it out --------------------------------
-    def _on_answer(self, job: Job, resp: ChatResponse) -> None:
+    def _charged(self, job: Job, resp: ChatResponse) -> tuple[Charge, ProviderStats]:
         charge = self.budget.charge_usage(job.ds.name, resp.usage, bad=bool(resp.usage_warnings),
                                           worst_case=job.max_tokens)
         pstats = self.stats.billed(resp.provider, charge.prompt_tokens,
                                    charge.completion_tokens, charge.cost_usd)
         self.limits.on_answer(job, resp.provider)
-        done = self.answers.process(job, resp, charge)
+        return charge, pstats
+
+    def _on_answer(self, job: Job, resp: ChatResponse, charge: Charge, pstats: ProviderStats,
+                   done: Processed) -> None:
         for n in done.answer.notes:
             (self.events.once if n.once else self.events.counted)(
                 n.kind, job.ds.name, resp.provider, n.message)

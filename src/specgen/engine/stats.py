@@ -103,6 +103,9 @@ class RunStats:
         self.completion_tokens = 0  # completion tokens of every billed attempt, this session
         self.attempts = 0
         self.rate = RateMeter()
+        # the longest the event loop was held by one piece of work this session (seconds
+        # the periodic tick woke late; every stream in flight went unread meanwhile)
+        self.loop_stall = 0.0
 
     def provider(self, name: str | None) -> ProviderStats:
         key = name or UNKNOWN_PROVIDER

@@ -253,7 +253,9 @@ class CountWitness:
 
     def to_json(self) -> dict[str, Any]:
         shapes = self.shapes.to_json()
-        out = {p: self.state(p) for p in sorted({p for p, _ in self.sides})}
+        # list(): one copy, taken at once (a large answer is judged in a worker thread while
+        # the loop writes live.json)
+        out = {p: self.state(p) for p in sorted({p for p, _ in list(self.sides)})}
         for p, st in out.items():
             if self.unusable(p):
                 st["counts_unusable"] = True

@@ -10,12 +10,23 @@ journey, or None to go on; `record` always ends it with `Kept`. A new rule about
 new stage module and one line in `STAGES`. After the stages, the rejection breaker may turn a
 rejection into `Fatal`, and the quality monitor observes the outcome (its exclusions and
 alarms are handed back for the engine to carry out).
+
+An answer larger than `OFF_LOOP_BYTES` (`answer_bytes`, the size stage's measure) runs its
+stages in a worker thread (`judge`): normalising, rendering and the witness's candidates cost
+about a second a MiB of text, which on the event loop would leave every other stream in
+flight unread. One answer is judged at a time: answers that come meanwhile wait (the loop
+keeps reading), then go in arrival order; small answers otherwise go straight through
+`process` on the loop. The breaker and the quality monitor always run on the loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ...client.types import ChatResponse
 from ...quality.monitor import Decision, QualityMonitor
@@ -25,6 +36,13 @@ from . import accept, normalise, quality, record, rejudge, repeats, repetition, 
 from .attempt import Answer, AnswerContext
 from .observe import observation
 from .outcomes import Outcome
+from .size import answer_bytes
+
+log = logging.getLogger("specgen.engine")
+T = TypeVar("T")
+
+# an answer this large is judged in a worker thread (~50 ms or more of work on the loop)
+OFF_LOOP_BYTES = 64 * 1024
 
 Stage = Callable[[Answer, AnswerContext], Outcome | None]
 
@@ -60,9 +78,37 @@ class AnswerPipeline:
         self.monitor = monitor
         self.stages = stages
         self.breaker = accept.RejectionBreaker()
+        self._off_loop: asyncio.Future[Outcome] | None = None  # stages in a worker thread
+
+    def at_once(self, resp: ChatResponse) -> bool:
+        """Whether `process` may judge `resp` now, on the loop: small, and no answer is
+        being judged off the loop (else `judge`)."""
+        return self._off_loop is None and answer_bytes(resp, OFF_LOOP_BYTES) <= OFF_LOOP_BYTES
 
     def process(self, job: Job, resp: ChatResponse, charge: Charge) -> Processed:
         a = Answer(job=job, resp=resp, charge=charge)
+        return self._conclude(a, self._stages(a))
+
+    async def judge(self, job: Job, resp: ChatResponse, charge: Charge) -> Processed:
+        """`process` for an answer that is large or comes while one is judged off the loop:
+        it waits its turn, then a large one runs its stages in a worker thread."""
+        while self._off_loop is not None:
+            await asyncio.wait((self._off_loop,))
+        a = Answer(job=job, resp=resp, charge=charge)
+        size = answer_bytes(resp, OFF_LOOP_BYTES)
+        if size <= OFF_LOOP_BYTES:
+            return self._conclude(a, self._stages(a))
+        started = time.monotonic()
+        self._off_loop = asyncio.ensure_future(asyncio.to_thread(self._stages, a))
+        try:
+            outcome = await self._off_loop
+        finally:
+            self._off_loop = None
+        log.info("an answer of %s bytes from %s judged off the event loop in %.2f s",
+                 f"{size:,}", resp.provider, time.monotonic() - started)
+        return self._conclude(a, outcome)
+
+    def _stages(self, a: Answer) -> Outcome:
         outcome: Outcome | None = None
         for stage in self.stages:
             outcome = stage(a, self.ctx)
@@ -70,6 +116,24 @@ class AnswerPipeline:
                 break
         if outcome is None:
             raise RuntimeError("the answer path ended without an outcome (no record stage)")
+        return outcome
+
+    def _conclude(self, a: Answer, outcome: Outcome) -> Processed:
         outcome = self.breaker.judge(outcome)
         decisions = self.monitor.observe(observation(a, outcome, self.ctx))
         return Processed(a, outcome, tuple(decisions), rejudge.take(self.ctx.witness))
+
+
+async def uncancelled(work: Awaitable[T]) -> T:
+    """Await `work` to its end even when the awaiting task is cancelled meanwhile (a paid
+    answer being judged is finished and carried out; the task then ends normally)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
