@@ -20,7 +20,9 @@ def _stopped_while_starting(tmp_path, base_url, sig, started):
     path = write_config(tmp_path, base_url, [{"name": "a", "path": "a.jsonl"}])
     proc = start_cli(path)
     try:
-        wait_for(started, timeout=60, what="start-up waiting for the API")
+        wait_for(lambda: started() or proc.poll() is not None, timeout=180,
+                 what="start-up waiting for the API")
+        assert proc.poll() is None, proc.communicate()
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
