@@ -1,11 +1,11 @@
 """No answer can starve the event loop (issue 25): a real `specgen run` with one answer of
-2 MiB of text (about 340k tokens of the demo vocabulary; normalising and rendering it costs
-seconds) arriving while 200 slow small streams are in flight. The large answer is judged in a
-worker thread, so the loop's longest stall (the engine's periodic tick, "event loop: longest
-stall" in specgen.log) stays a small share of the time that answer took to judge; judged on
-the loop, the stall was that whole time (5.2 s at 3 MiB on the development machine, against
-0.5 s with no large answer). Bounds are ratios, generous for a loaded machine. The server
-and the run config are bench/stall.py's."""
+2 MiB of text (~280k distinct words; normalising and rendering it costs seconds) arriving
+while 200 slow small streams are in flight. The large answer is judged in a worker thread, so
+the loop's longest stall (the engine's periodic tick, "event loop: longest stall" in
+specgen.log) stays a small share of the time that answer took to judge; judged on the loop,
+the stall was that whole time (4.3 s here at 2 MiB, 5.2 s at 3 MiB, against 0.3-0.5 s with no
+large answer). Bounds are ratios, generous for a loaded machine. The server and the run
+config are bench/stall.py's."""
 
 from __future__ import annotations
 
