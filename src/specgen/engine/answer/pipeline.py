@@ -99,6 +99,8 @@ class AnswerPipeline:
         if size <= OFF_LOOP_BYTES:
             return self._conclude(a, self._stages(a))
         started = time.monotonic()
+        log.info("judging an answer of %s bytes from %s off the event loop", f"{size:,}",
+                 resp.provider)
         self._off_loop = asyncio.ensure_future(asyncio.to_thread(self._stages, a))
         try:
             outcome = await self._off_loop
