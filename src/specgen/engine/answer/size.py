@@ -19,11 +19,13 @@ def answer_bytes(resp, cap: int) -> int:
     """The answer's size: its text in UTF-8 bytes (characters first: no encoding below the
     cap/4), or BYTES_PER_ID a sampled id when that is more."""
     ids = BYTES_PER_ID * len(resp.completion_token_ids or ())
-    parts = [resp.content or "", resp.reasoning or "",
-             *(call.arguments or "" for call in resp.tool_calls or ())]
-    chars = sum(map(len, parts))
+    chars = len(resp.content or "") + len(resp.reasoning or "")
+    for call in resp.tool_calls or ():  # a loop, no list: this runs for every answer, twice
+        chars += len(call.arguments or "")
     if chars * 4 <= cap:  # at most 4 bytes a character: under the cap, whatever the text
         return max(chars, ids)
+    parts = [resp.content or "", resp.reasoning or "",
+             *(call.arguments or "" for call in resp.tool_calls or ())]
     return max(ids, sum(len(p.encode("utf-8", "surrogatepass")) for p in parts))
 
 
