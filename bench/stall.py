@@ -140,14 +140,17 @@ path = {json.dumps(str(data))}
 
 def figures(log_text: str) -> dict[str, float]:
     """What a run's specgen.log says: `stall_ms` (the longest stall of the event loop) and,
-    when an answer was judged off the loop, `off_loop_s` (the longest such judging)."""
+    when an answer was judged off the loop, `off_loop_s` (the longest such judging) and
+    `meanwhile_ms` (the loop's longest stall while one was)."""
     out: dict[str, float] = {}
     stalls = re.findall(r"event loop: longest stall (\d+) ms", log_text)
     if stalls:
         out["stall_ms"] = float(stalls[-1])
-    off = [float(s) for s in re.findall(r"judged off the event loop in ([\d.]+) s", log_text)]
+    off = re.findall(r"judged off the event loop in ([\d.]+) s \(the loop's longest stall "
+                     r"meanwhile: (\d+) ms\)", log_text)
     if off:
-        out["off_loop_s"] = max(off)
+        out["off_loop_s"] = max(float(s) for s, _ in off)
+        out["meanwhile_ms"] = max(float(ms) for _, ms in off)
     return out
 
 

@@ -30,8 +30,11 @@ def test_a_huge_answer_is_judged_off_the_loop_while_small_streams_keep_being_rea
     figures = bench.figures(log)
     assert "off_loop_s" in figures, (figures, log[-3000:])
     assert figures["off_loop_s"] > 0.5, figures  # the answer is heavy enough to matter
-    # the loop was never held for more than a small share of that answer's judging
-    assert figures["stall_ms"] / 1000 < 0.3 * figures["off_loop_s"], figures
+    # while it was judged the loop was never held for more than a small share of that time,
+    # and over the whole run (start-up's dispatch burst, the answers that queued behind it
+    # let through one per turn) not for more than a part of it
+    assert figures["meanwhile_ms"] / 1000 < 0.25 * figures["off_loop_s"], figures
+    assert figures["stall_ms"] / 1000 < 0.5 * figures["off_loop_s"], figures
     db = sqlite3.connect(tmp_path / "run-dir" / "state.sqlite")
     assert db.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 201
     # the large answer was kept whole

@@ -15,8 +15,8 @@ An answer larger than `OFF_LOOP_BYTES` (`answer_bytes`, the size stage's measure
 stages in a worker thread (`judge`): normalising, rendering and the witness's candidates cost
 about a second a MiB of text, which on the event loop would leave every other stream in
 flight unread. One answer is judged at a time: answers that come meanwhile wait (the loop
-keeps reading), then go in arrival order; small answers otherwise go straight through
-`process` on the loop. The breaker and the quality monitor always run on the loop.
+keeps reading), then go in arrival order, one per turn of the loop; small answers otherwise
+go straight through `process` on the loop. The breaker and the quality monitor always run on the loop.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ T = TypeVar("T")
 
 # an answer this large is judged in a worker thread (~50 ms or more of work on the loop)
 OFF_LOOP_BYTES = 64 * 1024
+STALL_PROBE = 0.05  # s: how often the loop's lag is sampled while one is judged off it
 
 Stage = Callable[[Answer, AnswerContext], Outcome | None]
 
@@ -78,12 +79,14 @@ class AnswerPipeline:
         self.monitor = monitor
         self.stages = stages
         self.breaker = accept.RejectionBreaker()
-        self._off_loop: asyncio.Future[Outcome] | None = None  # stages in a worker thread
+        # held while an answer is judged off the loop; the answers that come meanwhile queue
+        # on it and are then let through one per turn of the loop (streams read in between)
+        self._turn = asyncio.Lock()
 
     def at_once(self, resp: ChatResponse) -> bool:
         """Whether `process` may judge `resp` now, on the loop: small, and no answer is
         being judged off the loop (else `judge`)."""
-        return self._off_loop is None and answer_bytes(resp, OFF_LOOP_BYTES) <= OFF_LOOP_BYTES
+        return not self._turn.locked() and answer_bytes(resp, OFF_LOOP_BYTES) <= OFF_LOOP_BYTES
 
     def process(self, job: Job, resp: ChatResponse, charge: Charge) -> Processed:
         a = Answer(job=job, resp=resp, charge=charge)
@@ -92,23 +95,24 @@ class AnswerPipeline:
     async def judge(self, job: Job, resp: ChatResponse, charge: Charge) -> Processed:
         """`process` for an answer that is large or comes while one is judged off the loop:
         it waits its turn, then a large one runs its stages in a worker thread."""
-        while self._off_loop is not None:
-            await asyncio.wait((self._off_loop,))
-        a = Answer(job=job, resp=resp, charge=charge)
-        size = answer_bytes(resp, OFF_LOOP_BYTES)
-        if size <= OFF_LOOP_BYTES:
-            return self._conclude(a, self._stages(a))
-        started = time.monotonic()
-        log.info("judging an answer of %s bytes from %s off the event loop", f"{size:,}",
-                 resp.provider)
-        self._off_loop = asyncio.ensure_future(asyncio.to_thread(self._stages, a))
-        try:
-            outcome = await self._off_loop
-        finally:
-            self._off_loop = None
-        log.info("an answer of %s bytes from %s judged off the event loop in %.2f s",
-                 f"{size:,}", resp.provider, time.monotonic() - started)
-        return self._conclude(a, outcome)
+        async with self._turn:
+            a = Answer(job=job, resp=resp, charge=charge)
+            size = answer_bytes(resp, OFF_LOOP_BYTES)
+            if size <= OFF_LOOP_BYTES:
+                return self._conclude(a, self._stages(a))
+            log.info("judging an answer of %s bytes from %s off the event loop", f"{size:,}",
+                     resp.provider)
+            started = time.monotonic()
+            work = asyncio.ensure_future(asyncio.to_thread(self._stages, a))
+            stall = 0.0  # the loop's longest stall meanwhile: what other streams waited
+            while not work.done():
+                woke = time.monotonic()
+                await asyncio.wait((work,), timeout=STALL_PROBE)
+                stall = max(stall, time.monotonic() - woke - STALL_PROBE)
+            log.info("an answer of %s bytes from %s judged off the event loop in %.2f s "
+                     "(the loop's longest stall meanwhile: %.0f ms)", f"{size:,}",
+                     resp.provider, time.monotonic() - started, stall * 1000)
+            return self._conclude(a, work.result())
 
     def _stages(self, a: Answer) -> Outcome:
         outcome: Outcome | None = None
