@@ -69,7 +69,7 @@ class BatchDriver:
         self.waiting: dict[Key, asyncio.Future] = {}
         self.resume: dict[Key, tuple[str, str]] = {}  # key -> (batch, custom_id) to collect
         self.early: dict[Key, Any] = {}  # results of resumed lines whose job is not here yet
-        self.lines_of: dict[str, dict[str, Key]] = {}  # batch -> custom_id -> key
+        self.lines_of: dict[str, dict[str, Key]] = {}  # batch -> cid -> key, till collected
         self.provider_id: dict[str, str] = {}
         self.watchers: dict[str, asyncio.Task] = {}
         self.to_live: set[Key] = set()  # lines a batch could not answer (batch_fallback)
@@ -353,6 +353,9 @@ class BatchDriver:
             for cid in missing:
                 self._resolve(bid, cid, ApiError(kind, f"batch {b['id']}: {why}"))
         self._set(bid, detail=f"collected at {time.time():.0f}")
+        # every line is handed over: forget the batch's lines, so that what the driver holds
+        # is the batches in flight, not every line of the session (flat memory at 100k lines)
+        self.lines_of.pop(bid, None)
         log.info("batch %s (%s) %s: %d line(s) collected, %d not answered", bid, b["id"],
                  status, len(seen), len(missing))
 
