@@ -17,6 +17,7 @@ import platform
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,15 @@ def insert_samples(c, conversations: list, tasks: list, results: list,
         c.executemany("INSERT INTO attempts(task, session, provider, model, started_at, "
                       "first_byte_at, ended_at, outcome, prompt_tokens, completion_tokens, "
                       "cost_usd) VALUES(?,?,?,?,?,?,?,?,?,?,?)", attempts)
+
+
+def timed_specgen(args: list[str]) -> tuple[float, float, str]:
+    """One `python -m specgen ARGS` process of this checkout: (wall seconds, peak RSS MiB,
+    its stdout); a failure stops the bench with the command's stderr."""
+    t0 = time.perf_counter()
+    status, usage, out, err = run_measured([sys.executable, "-m", "specgen", *args],
+                                           child_env=env())
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"specgen {' '.join(args)} failed: {err[-2000:]}")
+    return wall, usage.ru_maxrss / 1024, out
