@@ -50,6 +50,10 @@ log = logging.getLogger("specgen.batch")
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 INTENT_TRIES = 5  # tries to record a batch's intent before its lines are let go
+# results handed over between two turns of the event loop while a result file is read: the
+# file arrives faster than the answer path takes it, and each parsed answer waiting holds
+# its text and ids (a whole batch of them at once without this)
+HANDOVER = 64
 ACTIVE = ("intent", "validating", "in_progress", "finalizing", "cancelling")
 Key = tuple[str, str, int]  # (dataset, conv_id, turn): a task, stable across runs
 
@@ -334,6 +338,8 @@ class BatchDriver:
                         marks.append(("ok" if isinstance(result, ChatResponse)
                                       else f"error:{result.kind}", bid, cid))
                         self._resolve(bid, cid, result)
+                        if len(seen) % HANDOVER == 0:  # let the jobs take their answers
+                            await asyncio.sleep(0)
                         if len(marks) >= 500:
                             self._mark(marks)
                             marks = []
