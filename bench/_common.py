@@ -110,6 +110,32 @@ def machine_note() -> str:
             f"load average {load}")
 
 
+def run_config(path: Path, *, run_dir: Path, model: str, url: str, data: Path, n: int,
+               endpoint: str = "", sampling: str = "max_tokens = 1024",
+               engine: str = "log_interval = 30") -> Path:
+    """Write a `specgen run` config at `path`: one dataset `bench` (`data`, `limit = n`),
+    the demo tokenizer, the key from SPECGEN_BENCH_KEY, and the given TOML lines for
+    [endpoint] (after base_url and api_key_env), [sampling] and [engine]."""
+    def lines(text: str) -> str:
+        return "".join(line.strip() + "\n" for line in text.strip().splitlines())
+
+    path.write_text(f"""run_dir = "{run_dir}"
+[target]
+model = "{model}"
+tokenizer = "demo"
+[endpoint]
+base_url = "{url}"
+api_key_env = "SPECGEN_BENCH_KEY"
+{lines(endpoint)}[sampling]
+{lines(sampling)}[engine]
+{lines(engine)}[[dataset]]
+name = "bench"
+path = "{data}"
+limit = {n}
+""")
+    return path
+
+
 # -- synthetic stores -----------------------------------------------------------------------
 def synthetic_store_begin(run_dir: Path, datasets: dict[str, int]):
     """A new store with the meta of a finished Kimi-K2.5 run, one session and `datasets`

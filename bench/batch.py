@@ -61,26 +61,9 @@ def make_dataset(path: Path, rows: int) -> None:
 
 
 def config(workdir: Path, name: str, url: str, data: Path, n: int, endpoint: str) -> Path:
-    path = workdir / f"{name}.toml"
-    path.write_text(f"""run_dir = "{workdir / (name + '-dir')}"
-[target]
-model = "{MODEL}"
-tokenizer = "demo"
-[endpoint]
-base_url = "{url}"
-api_key_env = "SPECGEN_BENCH_KEY"
-max_attempts = 3
-{endpoint}
-[sampling]
-max_tokens = 1024
-[engine]
-log_interval = 30
-[[dataset]]
-name = "bench"
-path = "{data}"
-limit = {n}
-""")
-    return path
+    return _common.run_config(workdir / f"{name}.toml", run_dir=workdir / f"{name}-dir",
+                              model=MODEL, url=url, data=data, n=n,
+                              endpoint="max_attempts = 3\n" + endpoint)
 
 
 def measure(path: Path, cpu: int | None) -> dict:

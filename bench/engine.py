@@ -138,27 +138,11 @@ def specgen_run(url: str, n: int, conc: int, stream: bool, data: Path, workdir: 
 
     run_dir = workdir / f"run-{os.getpid()}"
     cfg_path = workdir / f"run-{os.getpid()}.toml"
-    cfg_path.write_text(f"""run_dir = "{run_dir}"
-[target]
-model = "{MODEL}"
-tokenizer = "demo"
-[endpoint]
-base_url = "{url}"
-api_key_env = "SPECGEN_BENCH_KEY"
-concurrency = {conc}
-stream = {str(stream).lower()}
-max_attempts = 3
-[sampling]
-max_tokens = 1024
-[engine]
-log_interval = 30
-commit_thread = {str(commit_thread).lower()}
-event_loop = "{event_loop}"
-[[dataset]]
-name = "bench"
-path = "{data}"
-limit = {n}
-""")
+    _common.run_config(
+        cfg_path, run_dir=run_dir, model=MODEL, url=url, data=data, n=n,
+        endpoint=f"concurrency = {conc}\nstream = {str(stream).lower()}\nmax_attempts = 3",
+        engine=f"log_interval = 30\ncommit_thread = {str(commit_thread).lower()}\n"
+               f'event_loop = "{event_loop}"')
     outcome = run(load_config(cfg_path), RunOptions(live=False))
     with Store.open(run_dir) as s:
         (t0, t1, ok) = s.conn.execute(

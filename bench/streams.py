@@ -403,30 +403,12 @@ def specgen_run(url: str, n: int, conc: int, tokens_each: int, workdir: Path,
     run_dir = workdir / f"run-{os.getpid()}"
     tick = "" if tick_ms is None else f"stream_tick_ms = {tick_ms:g}\n"
     cfg_path = workdir / f"run-{os.getpid()}.toml"
-    cfg_path.write_text(f"""run_dir = "{run_dir}"
-[target]
-model = "{MODEL}"
-tokenizer = "demo"
-[endpoint]
-base_url = "{url}"
-api_key_env = "SPECGEN_BENCH_KEY"
-concurrency = {conc}
-stream = true
-return_token_ids = false
-fetch_endpoints = false
-dialect = "openrouter"
-max_attempts = 2
-{tick}[sampling]
-max_tokens = 4096
-reasoning = false
-[engine]
-log_interval = 60
-event_loop = "{event_loop}"
-[[dataset]]
-name = "bench"
-path = "{data}"
-limit = {n}
-""")
+    _common.run_config(
+        cfg_path, run_dir=run_dir, model=MODEL, url=url, data=data, n=n,
+        endpoint=f"concurrency = {conc}\nstream = true\nreturn_token_ids = false\n"
+                 f'fetch_endpoints = false\ndialect = "openrouter"\nmax_attempts = 2\n{tick}',
+        sampling="max_tokens = 4096\nreasoning = false",
+        engine=f'log_interval = 60\nevent_loop = "{event_loop}"')
     outcome = run(load_config(cfg_path), RunOptions(live=False))
     with Store.open(run_dir) as s:
         t0, t1, ok = s.conn.execute(
