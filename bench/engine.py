@@ -20,24 +20,24 @@ Reported per client: requests/s (first request sent to last answer), client CPU 
 # ruff: noqa: E402  (the sys.path fix below must run before the imports)
 from __future__ import annotations
 
+import os
 import sys
 
-# bench/ holds a tokenize.py that would shadow the standard library's: drop the script's dir
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
+# bench/ holds a tokenize.py that would shadow the standard library's: this folder goes last
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [HERE]
 
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
-import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _common
+
+ROOT = _common.ROOT
 MODEL = "moonshotai/kimi-k2.5"
 SIM_CONFIG = """
 seed = 0
@@ -55,40 +55,6 @@ latency_s = {latency}
 """
 PROMPT = ("Row {i}: explain, in a short paragraph, why the sky looks blue at noon and red at "
           "sunset, and what that says about the size of the particles in the air.")
-
-
-def pin(cpu: int | None):
-    def fn():
-        if cpu is not None and hasattr(os, "sched_setaffinity"):
-            try:
-                os.sched_setaffinity(0, {cpu})
-            except OSError:
-                pass
-    return fn
-
-
-def cpus() -> tuple[int | None, int | None]:
-    """(client core, sim core) when the machine has two or more."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None, None
-    avail = sorted(os.sched_getaffinity(0))
-    return (avail[0], avail[1]) if len(avail) >= 2 else (None, None)
-
-
-def start_sim(workdir: Path, latency: float, tokens: int, cpu: int | None):
-    cfg = workdir / "sim.toml"
-    cfg.write_text(SIM_CONFIG.format(latency=latency, tokens=tokens))
-    err = (workdir / "sim.err").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "specgen", "sim", "--port", "0", "--config",
-                             str(cfg)], stdout=subprocess.PIPE, stderr=err,
-                            text=True, cwd=ROOT, preexec_fn=pin(cpu))
-    line = proc.stdout.readline().strip()
-    if not line.startswith("specgen sim listening on "):
-        proc.kill()
-        raise SystemExit(f"sim did not start: {line!r} "
-                         f"{(workdir / 'sim.err').read_text()[-2000:]}")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
-    return proc, line.rsplit(" ", 1)[1] + "/api/v1"
 
 
 def make_dataset(path: Path, rows: int) -> None:
@@ -172,27 +138,11 @@ def specgen_run(url: str, n: int, conc: int, stream: bool, data: Path, workdir: 
 
     run_dir = workdir / f"run-{os.getpid()}"
     cfg_path = workdir / f"run-{os.getpid()}.toml"
-    cfg_path.write_text(f"""run_dir = "{run_dir}"
-[target]
-model = "{MODEL}"
-tokenizer = "demo"
-[endpoint]
-base_url = "{url}"
-api_key_env = "SPECGEN_BENCH_KEY"
-concurrency = {conc}
-stream = {str(stream).lower()}
-max_attempts = 3
-[sampling]
-max_tokens = 1024
-[engine]
-log_interval = 30
-commit_thread = {str(commit_thread).lower()}
-event_loop = "{event_loop}"
-[[dataset]]
-name = "bench"
-path = "{data}"
-limit = {n}
-""")
+    _common.run_config(
+        cfg_path, run_dir=run_dir, model=MODEL, url=url, data=data, n=n,
+        endpoint=f"concurrency = {conc}\nstream = {str(stream).lower()}\nmax_attempts = 3",
+        engine=f"log_interval = 30\ncommit_thread = {str(commit_thread).lower()}\n"
+               f'event_loop = "{event_loop}"')
     outcome = run(load_config(cfg_path), RunOptions(live=False))
     with Store.open(run_dir) as s:
         (t0, t1, ok) = s.conn.execute(
@@ -228,20 +178,11 @@ def measure(mode: str, args, url: str, data: Path, workdir: Path, cpu: int | Non
     if args.no_commit_thread:
         cmd.append("--no-commit-thread")
     cmd += ["--event-loop", args.event_loop]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, preexec_fn=pin(cpu),
-                            env={**os.environ, "SPECGEN_BENCH_KEY": "bench"})
-    out_box: dict[str, str] = {}
-    t = threading.Thread(target=lambda: out_box.update(out=proc.stdout.read()), daemon=True)
-    e = threading.Thread(target=lambda: out_box.update(err=proc.stderr.read()), daemon=True)
-    t.start()
-    e.start()
-    _, status, ru = os.wait4(proc.pid, 0)
-    t.join()
-    e.join()
-    line = next((x for x in out_box.get("out", "").splitlines() if x.startswith("RESULT ")), None)
+    status, ru, out, err = _common.run_measured(
+        cmd, cpu=cpu, child_env={**os.environ, "SPECGEN_BENCH_KEY": "bench"})
+    line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
-        raise SystemExit(f"{mode} failed (status {status}): {out_box.get('err', '')[-3000:]}")
+        raise SystemExit(f"{mode} failed (status {status}): {err[-3000:]}")
     res = json.loads(line[7:])
     n = max(res["requests"], 1)
     res.update(mode=mode, rps=res["requests"] / res["wall"] if res["wall"] > 0 else 0.0,
@@ -274,10 +215,9 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    client_cpu, sim_cpu = cpus()
+    client_cpu, sim_cpu = _common.cpus()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, {platform.system()} {platform.release()}")
+    print(_common.machine_note())
     print(f"sim pinned to core {sim_cpu}, clients to core {client_cpu}; latency "
           f"{args.latency}s, {args.tokens}-token completions, concurrency {args.concurrency}, "
           f"{args.requests:,} requests, stream={args.stream}, {args.queued:,} rows queued")
@@ -292,7 +232,8 @@ def main() -> None:
         results: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(args.runs):
             for mode in modes:
-                sim, url = start_sim(tmp, args.latency, args.tokens, sim_cpu)
+                sim, url = _common.start_sim(
+                    tmp, SIM_CONFIG.format(latency=args.latency, tokens=args.tokens), sim_cpu)
                 try:
                     res = measure(mode, args, url, data, tmp, client_cpu)
                 finally:

@@ -16,20 +16,20 @@ from __future__ import annotations
 import os
 import sys
 
-# bench/tokenize.py is named like the stdlib `tokenize` module: keep this folder off the path.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+# bench/tokenize.py is named like the stdlib `tokenize` module: this folder goes last
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [HERE]
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+import _common  # noqa: E402
+
+ROOT = _common.ROOT
+sys.path.insert(0, _common.SRC)
 sys.path.insert(0, str(ROOT / "tests"))
 
 import orjson  # noqa: E402
@@ -40,16 +40,7 @@ from specgen.store import Store, pack_ids, pack_json  # noqa: E402
 def synthetic_store(run_dir: Path, n: int, *, seed: int, offset: int = 0) -> int:
     """N samples with random ids; returns the total number of ids."""
     rng = random.Random(seed)
-    store = Store.create(run_dir)
-    c = store.conn
-    c.execute("BEGIN")
-    for k, v in {"config_hash": "bench", "renderer": "kimi-k2.5", "model": "bench/model",
-                 "tokenizer_fingerprint": "bench", "thinking": "1", "shard": "",
-                 "config_json": "{}"}.items():
-        store.set_meta(k, v)
-    c.execute("INSERT INTO sessions(id, started_at, state) VALUES(1, 0, 'finished')")
-    c.execute("INSERT INTO datasets(name, position, rows_read, exhausted, state) "
-              "VALUES('d', 0, ?, 1, 'done')", (n,))
+    store, c = _common.synthetic_store_begin(run_dir, {"d": n})
     total = 0
     rows_c, rows_t, rows_r, rows_a = [], [], [], []
     for i in range(n):
@@ -70,17 +61,7 @@ def synthetic_store(run_dir: Path, n: int, *, seed: int, offset: int = 0) -> int
         rows_a.append((tid, 1, "p", "m", float(i), float(i) + 0.2, float(i) + 1.0, "ok",
                        n_prompt, n_comp, 0.001))
         if len(rows_r) >= 2000 or i == n - 1:
-            c.executemany("INSERT INTO conversations(id, dataset, conv_id, row_index, status, "
-                          "end_reason, data) VALUES(?,?,?,?,?,?,?)", rows_c)
-            c.executemany("INSERT INTO tasks(id, conversation, dataset, turn, status, attempts) "
-                          "VALUES(?,?,?,?,?,?)", rows_t)
-            c.executemany("INSERT INTO results(task, conversation, dataset, turn, provider, model,"
-                          " finish_reason, native_finish_reason, request, message, input_ids, "
-                          "n_prompt, prompt_tokens, completion_tokens, cost_usd, repairs, "
-                          "created_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows_r)
-            c.executemany("INSERT INTO attempts(task, session, provider, model, started_at, "
-                          "first_byte_at, ended_at, outcome, prompt_tokens, completion_tokens, "
-                          "cost_usd) VALUES(?,?,?,?,?,?,?,?,?,?,?)", rows_a)
+            _common.insert_samples(c, rows_c, rows_t, rows_r, rows_a)
             rows_c, rows_t, rows_r, rows_a = [], [], [], []
     c.execute("COMMIT")
     store.close()
@@ -89,15 +70,8 @@ def synthetic_store(run_dir: Path, n: int, *, seed: int, offset: int = 0) -> int
 
 def timed(args: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB) of one `python -m specgen ARGS` process."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "specgen", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode not in (0,):
-        raise SystemExit(f"specgen {' '.join(args)} failed: {proc.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024
+    wall, rss, _ = _common.timed_specgen(args)
+    return wall, rss
 
 
 def bench(label: str, args: list[str], runs: int, units: float, unit: str) -> None:
@@ -117,8 +91,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--verify-samples", type=int, default=600)
     a = ap.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}, {platform.platform()}")
+    print(_common.machine_note())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for n in (a.samples, 4 * a.samples):

@@ -15,26 +15,27 @@ from __future__ import annotations
 import os
 import sys
 
-# bench/tokenize.py is named like the stdlib `tokenize` module: keep this folder off the path.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+# bench/tokenize.py is named like the stdlib `tokenize` module: this folder goes last
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [HERE]
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from array import array  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+import _common  # noqa: E402
+
+ROOT = _common.ROOT
+sys.path.insert(0, _common.SRC)
 
 import orjson  # noqa: E402
 
-from specgen.store import Store, pack_ids, pack_json  # noqa: E402
+from specgen.store import pack_ids, pack_json  # noqa: E402
 
 PROVIDERS = ("Alpha", "Beta", "Gamma")
 
@@ -48,17 +49,7 @@ def random_ids(rng: random.Random, n: int) -> list[int]:
 def synthetic_store(run_dir: Path, n: int, *, seed: int) -> dict[str, int]:
     """N samples; returns the planted counts."""
     rng = random.Random(seed)
-    store = Store.create(run_dir)
-    c = store.conn
-    c.execute("BEGIN")
-    for k, v in {"config_hash": "bench", "renderer": "kimi-k2.5", "model": "bench/model",
-                 "tokenizer_fingerprint": "bench", "thinking": "1", "shard": "",
-                 "config_json": "{}"}.items():
-        store.set_meta(k, v)
-    c.execute("INSERT INTO sessions(id, started_at, state) VALUES(1, 0, 'finished')")
-    for pos, name in enumerate(("d0", "d1")):
-        c.execute("INSERT INTO datasets(name, position, rows_read, exhausted, state) "
-                  "VALUES(?, ?, ?, 1, 'done')", (name, pos, n // 2))
+    store, c = _common.synthetic_store_begin(run_dir, {"d0": n // 2, "d1": n // 2})
     planted = {"loops": 0, "duplicates": 0, "truncated": 0, "whitespace": 0}
     dup_answer = random_ids(rng, 300) + [163586]
     rows_c, rows_t, rows_r = [], [], []
@@ -98,31 +89,11 @@ def synthetic_store(run_dir: Path, n: int, *, seed: int) -> dict[str, int]:
                        orjson.dumps(msg).decode(), pack_ids(prompt + comp), n_prompt,
                        n_prompt, len(comp), 0.001, "[]", float(i)))
         if len(rows_r) >= 2000 or i == n - 1:
-            c.executemany("INSERT INTO conversations(id, dataset, conv_id, row_index, status, "
-                          "end_reason, data) VALUES(?,?,?,?,?,?,?)", rows_c)
-            c.executemany("INSERT INTO tasks(id, conversation, dataset, turn, status, attempts) "
-                          "VALUES(?,?,?,?,?,?)", rows_t)
-            c.executemany("INSERT INTO results(task, conversation, dataset, turn, provider, model,"
-                          " finish_reason, native_finish_reason, request, message, input_ids, "
-                          "n_prompt, prompt_tokens, completion_tokens, cost_usd, repairs, "
-                          "created_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows_r)
+            _common.insert_samples(c, rows_c, rows_t, rows_r)
             rows_c, rows_t, rows_r = [], [], []
     c.execute("COMMIT")
     store.close()
     return planted
-
-
-def timed(args: list[str]) -> tuple[float, float, bytes]:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "specgen", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"specgen {' '.join(args)} failed: {proc.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, out
 
 
 def main() -> None:
@@ -130,8 +101,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=50000)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}, {platform.platform()}")
+    print(_common.machine_note())
     for n in (args.samples, 2 * args.samples):
         with tempfile.TemporaryDirectory() as tmp:
             run_dir = Path(tmp) / "run"
@@ -142,7 +112,7 @@ def main() -> None:
                   f"{time.perf_counter() - t0:.1f}s); planted {planted}")
             walls, rss = [], []
             for _ in range(args.runs):
-                w, r, out = timed(["stats", str(run_dir), "--json"])
+                w, r, out = _common.timed_specgen(["stats", str(run_dir), "--json"])
                 walls.append(w)
                 rss.append(r)
             t = json.loads(out)["total"]

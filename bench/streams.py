@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -42,7 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+# run with -P (bench/tokenize.py would shadow the standard library's): this folder goes last
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+ROOT = _common.ROOT
 MODEL = "moonshotai/kimi-k2.5"
 PROMPT = ("Explain, in a long and careful answer, why the sky looks blue at noon and red at "
           "sunset, and what that says about the size of the particles in the air.")
@@ -400,30 +403,12 @@ def specgen_run(url: str, n: int, conc: int, tokens_each: int, workdir: Path,
     run_dir = workdir / f"run-{os.getpid()}"
     tick = "" if tick_ms is None else f"stream_tick_ms = {tick_ms:g}\n"
     cfg_path = workdir / f"run-{os.getpid()}.toml"
-    cfg_path.write_text(f"""run_dir = "{run_dir}"
-[target]
-model = "{MODEL}"
-tokenizer = "demo"
-[endpoint]
-base_url = "{url}"
-api_key_env = "SPECGEN_BENCH_KEY"
-concurrency = {conc}
-stream = true
-return_token_ids = false
-fetch_endpoints = false
-dialect = "openrouter"
-max_attempts = 2
-{tick}[sampling]
-max_tokens = 4096
-reasoning = false
-[engine]
-log_interval = 60
-event_loop = "{event_loop}"
-[[dataset]]
-name = "bench"
-path = "{data}"
-limit = {n}
-""")
+    _common.run_config(
+        cfg_path, run_dir=run_dir, model=MODEL, url=url, data=data, n=n,
+        endpoint=f"concurrency = {conc}\nstream = true\nreturn_token_ids = false\n"
+                 f'fetch_endpoints = false\ndialect = "openrouter"\nmax_attempts = 2\n{tick}',
+        sampling="max_tokens = 4096\nreasoning = false",
+        engine=f'log_interval = 60\nevent_loop = "{event_loop}"')
     outcome = run(load_config(cfg_path), RunOptions(live=False))
     with Store.open(run_dir) as s:
         t0, t1, ok = s.conn.execute(
@@ -462,16 +447,6 @@ def child(args: argparse.Namespace) -> None:
 
 
 # -- the driver ----------------------------------------------------------------------------------
-def pin(cpu: int | None):
-    def fn() -> None:
-        if cpu is not None and hasattr(os, "sched_setaffinity"):
-            try:
-                os.sched_setaffinity(0, {cpu})
-            except OSError:
-                pass
-    return fn
-
-
 def stats(port: int) -> dict[str, Any]:
     import urllib.request
 
@@ -488,7 +463,7 @@ def start_servers(args: argparse.Namespace, cores: tuple) -> tuple[list, int, li
         # one server process: its own core; several: wherever the scheduler finds room
         cpu = cores[1] if args.server_procs == 1 else None
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                                preexec_fn=pin(cpu))
+                                preexec_fn=_common.pin(cpu))
         procs.append(proc)
         line = proc.stdout.readline().split()  # type: ignore[union-attr]
         if not line or line[0] != "PORT":
@@ -519,25 +494,16 @@ def measure(mode: str, args: argparse.Namespace, workdir: Path, cores: tuple) ->
                "--loop", args.loop, "--engine-loop", args.engine_loop]
         if args.tick_ms is not None:
             cmd += ["--tick-ms", str(args.tick_ms)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=ROOT, preexec_fn=pin(cores[0]),
-                                env={**os.environ, "SPECGEN_BENCH_KEY": "bench"})
-        box: dict[str, str] = {}
-        readers = [threading.Thread(target=lambda: box.update(out=proc.stdout.read())),
-                   threading.Thread(target=lambda: box.update(err=proc.stderr.read()))]
-        for t in readers:
-            t.start()
-        _, status, ru = os.wait4(proc.pid, 0)
-        for t in readers:
-            t.join()
+        status, ru, out, err = _common.run_measured(
+            cmd, cpu=cores[0], child_env={**os.environ, "SPECGEN_BENCH_KEY": "bench"})
         srv = server_stats(stats_ports)
     finally:
         for server in servers:
             server.terminate()
             server.wait()
-    line = next((x for x in box.get("out", "").splitlines() if x.startswith("RESULT ")), None)
+    line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
-        raise SystemExit(f"{mode} failed (status {status}): {box.get('err', '')[-3000:]}")
+        raise SystemExit(f"{mode} failed (status {status}): {err[-3000:]}")
     res = json.loads(line[7:])
     wall = res["t1"] - res["t0"]
     tokens = max(res["tokens"], 1)
@@ -591,13 +557,9 @@ def main() -> None:
         return
     if args.loop == "auto":
         args.loop = "asyncio"  # the lean reader as people write it
-    cores: tuple = (None, None)
-    if not args.no_pin and hasattr(os, "sched_getaffinity"):
-        avail = sorted(os.sched_getaffinity(0))
-        if len(avail) >= 2:
-            cores = (avail[0], avail[1])
+    cores: tuple = (None, None) if args.no_pin else _common.cpus()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    print(machine_note())
+    print(_common.machine_note())
     print(f"{args.streams:,} streams x {args.rate:g} tok/s x {args.tokens} tokens, "
           f"{args.requests:,} answers, one token per write; offered "
           f"{args.streams * args.rate:,.0f} events/s; lean/client loop {args.loop}; "
@@ -641,18 +603,8 @@ def main() -> None:
               f"({100 * (med('wall') / rs[0]['ideal'] - 1):+.0f}%) | "
               f"{med('server_peak_open'):,.0f} | {med('rss_mb'):.0f} MB |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_note(), "args": vars(args),
+        Path(args.json).write_text(json.dumps({"machine": _common.machine_note(), "args": vars(args),
                                                "results": results}, indent=1))
-
-
-def machine_note() -> str:
-    try:
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        load = "?"
-    return (f"machine: {platform.machine()}, nproc {os.cpu_count()}, Python "
-            f"{platform.python_version()}, {platform.system()} {platform.release()}, "
-            f"load average {load}")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,10 @@ log = logging.getLogger("specgen.batch")
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 INTENT_TRIES = 5  # tries to record a batch's intent before its lines are let go
+# results handed over between two turns of the event loop while a result file is read: the
+# file arrives faster than the answer path takes it, and each parsed answer waiting holds
+# its text and ids (a whole batch of them at once without this)
+HANDOVER = 64
 ACTIVE = ("intent", "validating", "in_progress", "finalizing", "cancelling")
 Key = tuple[str, str, int]  # (dataset, conv_id, turn): a task, stable across runs
 
@@ -69,7 +73,7 @@ class BatchDriver:
         self.waiting: dict[Key, asyncio.Future] = {}
         self.resume: dict[Key, tuple[str, str]] = {}  # key -> (batch, custom_id) to collect
         self.early: dict[Key, Any] = {}  # results of resumed lines whose job is not here yet
-        self.lines_of: dict[str, dict[str, Key]] = {}  # batch -> custom_id -> key
+        self.lines_of: dict[str, dict[str, Key]] = {}  # batch -> cid -> key, till collected
         self.provider_id: dict[str, str] = {}
         self.watchers: dict[str, asyncio.Task] = {}
         self.to_live: set[Key] = set()  # lines a batch could not answer (batch_fallback)
@@ -334,6 +338,8 @@ class BatchDriver:
                         marks.append(("ok" if isinstance(result, ChatResponse)
                                       else f"error:{result.kind}", bid, cid))
                         self._resolve(bid, cid, result)
+                        if len(seen) % HANDOVER == 0:  # let the jobs take their answers
+                            await asyncio.sleep(0)
                         if len(marks) >= 500:
                             self._mark(marks)
                             marks = []
@@ -353,6 +359,9 @@ class BatchDriver:
             for cid in missing:
                 self._resolve(bid, cid, ApiError(kind, f"batch {b['id']}: {why}"))
         self._set(bid, detail=f"collected at {time.time():.0f}")
+        # every line is handed over: forget the batch's lines, so that what the driver holds
+        # is the batches in flight, not every line of the session (flat memory at 100k lines)
+        self.lines_of.pop(bid, None)
         log.info("batch %s (%s) %s: %d line(s) collected, %d not answered", bid, b["id"],
                  status, len(seen), len(missing))
 

@@ -16,13 +16,19 @@ completes no sooner than `batch_processing_s` after it was created. `batch_line_
 answers a share of lines with an error line instead; `batch_expire_rate` leaves a share
 unanswered and ends the batch `expired`. Every `POST /v1/batches` is counted
 (`/sim/stats` -> `batches.submitted`).
+
+Files (uploads, outputs, errors) live in one unlinked temporary file on disk (`Spool`), not
+in memory, and are served from it in chunks: the simulator's memory holds the batches in
+flight, not every file of a 100,000-request run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
+import tempfile
 import time
 from typing import Any
 from urllib.parse import parse_qs
@@ -34,6 +40,49 @@ from .http import Request
 
 PREFIXES = ("/api/v1", "/v1")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+SEND_CHUNK = 1 << 20
+
+
+class Spool:
+    """The batch API's files, appended to one temporary file (unlinked at once: gone with
+    the process, even after kill -9); a file is its (offset, size) in it."""
+
+    def __init__(self) -> None:
+        self._f: Any = None
+        self._end = 0
+        self.extents: dict[str, tuple[int, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.extents)
+
+    def __contains__(self, fid: object) -> bool:
+        return fid in self.extents
+
+    def put(self, fid: str, parts: list[bytes]) -> int:
+        """Store the concatenation of `parts` as file `fid`; its size."""
+        if self._f is None:
+            self._f = tempfile.TemporaryFile(prefix="specgen-sim-batch-")
+        start = self._end
+        for part in parts:
+            os.pwrite(self._f.fileno(), part, self._end)
+            self._end += len(part)
+        self.extents[fid] = (start, self._end - start)
+        return self._end - start
+
+    def read(self, fid: str, offset: int = 0, size: int | None = None) -> bytes | None:
+        """`size` bytes of file `fid` from `offset` (the rest of it by default); None when
+        there is no such file."""
+        extent = self.extents.get(fid)
+        if extent is None:
+            return None
+        start, total = extent
+        n = total - offset if size is None else min(size, total - offset)
+        return os.pread(self._f.fileno(), n, start + offset) if n > 0 else b""
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
 
 class LineRequest:
@@ -90,7 +139,7 @@ class LineRequest:
 class BatchApi:
     def __init__(self, sim: Any):
         self.sim = sim
-        self.files: dict[str, bytes] = {}
+        self.files = Spool()
         self.batches: dict[str, dict[str, Any]] = {}
         self.order: list[str] = []
         self.submitted = 0
@@ -155,17 +204,32 @@ class BatchApi:
         if data is None:
             raise BadInput("no file part in the upload")
         fid = self._id("file")
-        self.files[fid] = data
+        self.files.put(fid, [data])
         _json(request, 200, {"id": fid, "object": "file", "bytes": len(data),
                              "created_at": int(time.time()), "filename": "batch.jsonl",
                              "purpose": "batch"})
 
     def content(self, request: Request, fid: str) -> None:
-        data = self.files.get(fid)
-        if data is None:
+        if fid not in self.files:
             _json(request, 404, error_body(404, f"No such file: {fid}"))
             return
-        request.respond(200, data, content_type="application/jsonl")
+        task = asyncio.get_running_loop().create_task(self._send_file(request, fid))
+        self.sim._tasks.add(task)
+        task.add_done_callback(self.sim._tasks.discard)
+
+    async def _send_file(self, request: Request, fid: str) -> None:
+        """A file's bytes in chunks read from the spool as the client takes them (a result
+        file can be hundreds of MB)."""
+        request.start_stream(200, {"Content-Type": "application/jsonl"})
+        offset = 0
+        while chunk := self.files.read(fid, offset, SEND_CHUNK):
+            request.write(chunk)
+            offset += len(chunk)
+            try:
+                await request.drain()
+            except (ConnectionError, OSError):  # the client went away
+                return
+        request.end_stream()
 
     # -- batches --------------------------------------------------------------------------
     def create(self, request: Request) -> None:
@@ -174,7 +238,7 @@ class BatchApi:
         except orjson.JSONDecodeError as exc:
             raise BadInput(f"request body is not valid JSON: {exc}") from None
         fid = body.get("input_file_id")
-        data = self.files.get(fid) if isinstance(fid, str) else None
+        data = self.files.read(fid) if isinstance(fid, str) else None
         if data is None:
             raise BadInput(f"input_file_id {fid!r} does not name an uploaded file")
         if body.get("endpoint") != "/v1/chat/completions":
@@ -328,11 +392,11 @@ class BatchApi:
              ) -> None:
         if out:
             fid = self._id("file")
-            self.files[fid] = b"\n".join(out) + b"\n"
+            self.files.put(fid, [b"\n".join(out), b"\n"])
             batch["output_file_id"] = fid
         if err:
             fid = self._id("file")
-            self.files[fid] = b"\n".join(err) + b"\n"
+            self.files.put(fid, [b"\n".join(err), b"\n"])
             batch["error_file_id"] = fid
         batch.pop("_cancel", None)
         batch["status"] = status

@@ -233,6 +233,7 @@ class Simulator:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._wheel is not None:
             self._wheel.clear()
+        self.batch_api.files.close()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind the timers to the loop the server runs in."""
