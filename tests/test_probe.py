@@ -215,3 +215,17 @@ def test_the_suggested_block_keeps_the_config_keys_and_orders():
                    "only": ["moonshotai/int4", "together/fp8"]}
     assert tomllib.loads(toml_block(got))["endpoint"]["provider"] == got
     assert suggested_provider(current, []) is None and toml_block(None) is None
+
+
+def test_a_bad_out_path_is_refused_before_anything_is_sent(tmp_path, sim):
+    path = tmp_path / "run.toml"
+    path.write_text(config(tmp_path, sim.url))
+    (tmp_path / "afile").write_text("x")
+    before = sim.stats()["requests"]
+    for out, why in ((tmp_path, "it is a directory"),
+                     (tmp_path / "afile" / "probe.json", f"{tmp_path / 'afile'} is not a directory")):
+        res = probe_cli(path, "--out", str(out))
+        assert res.returncode == 2, res.stderr
+        assert f"cannot write {out}: {why}" in res.stderr and "Traceback" not in res.stderr
+    assert sim.stats()["requests"] == before  # not even the endpoint list
+    assert (tmp_path / "afile").read_text() == "x"

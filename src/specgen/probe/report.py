@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,34 @@ def probe_json(cfg, result: ProbeResult, rows: list[dict[str, Any]], th: Thresho
         "observations": [o.to_json() for items in result.observations.values()
                          for o in items],
     }
+
+
+def out_problem(path: Path) -> str | None:
+    """Why `path` cannot take probe.json (None: it can), checked before anything is paid
+    for: not a directory nor another non-file, under a directory that exists (or can be
+    made) and takes a new file."""
+    if path.is_dir():
+        return "it is a directory (give a file name, e.g. DIR/probe.json)"
+    if path.exists() and not path.is_file():
+        return "it exists and is not a regular file"
+    parent = path.parent
+    existing = parent
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if existing != parent:  # made on writing: the nearest existing directory must take it
+        return None if os.access(existing, os.W_OK | os.X_OK) else (
+            f"cannot create {parent}: {existing} is not writable")
+    try:  # a real write: permissions, a read-only mount, quotas
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.check-", dir=parent)
+    except OSError as exc:
+        return f"cannot write in {parent}: {exc.strerror or exc}"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
