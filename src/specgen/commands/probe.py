@@ -165,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
             out.print("no endpoint meets the thresholds: nothing to suggest (see the "
                       "verdicts above)")
     err.print(f"  wrote {path}")
+    if result.capped:
+        err.print(f"  {result.capped}")
     if result.stopped:
         err.print(f"  stopped early: {result.stopped}")
         return EXIT_STOPPED

@@ -132,6 +132,7 @@ class ProviderConfig:
     prompt_price_per_m: float = 0.6  # USD per million prompt tokens
     completion_price_per_m: float = 2.5  # USD per million completion tokens
     cache_read_price_per_m: float | None = None  # cached prompt tokens; default: prompt price
+    billed_price_factor: float = 1.0  # usage.cost = this x the listed prices (> 1: bills more)
     cache_hit_rate: float = 0.0  # P(part of the prompt is reported as cached)
     latency_s: float = 0.0  # time to first token
     latency_jitter: float = 0.0  # relative: latency is drawn in [1-j, 1+j] * latency_s
@@ -359,7 +360,7 @@ class SimConfig:
                 raise ConfigError(f"{label}: quantization {p.quantization!r} is not one of "
                                   f"{', '.join(sorted(QUANTIZATIONS))}")
             for key in ("prompt_price_per_m", "completion_price_per_m", "latency_s",
-                        "tokens_per_second", "latency_jitter"):
+                        "tokens_per_second", "latency_jitter", "billed_price_factor"):
                 if getattr(p, key) < 0:
                     raise ConfigError(f"{label}: {key} must be >= 0")
             if p.cache_read_price_per_m is not None and p.cache_read_price_per_m < 0:
