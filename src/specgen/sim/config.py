@@ -105,11 +105,13 @@ class QuirkRates:
 class OutageWindow:
     """A time window (seconds after the server started listening) in which the simulator is
     unreachable: `refuse` closes the listening socket (connection refused) and resets the open
-    connections; `reset` accepts connections and resets them before any response byte."""
+    connections; `reset` accepts connections and resets them before any response byte;
+    `graceful` shuts down as a server does on SIGTERM: it stops accepting, closes idle
+    keep-alive connections and each busy one once its answer is out."""
 
     start_s: float
     duration_s: float
-    mode: Literal["refuse", "reset"] = "refuse"
+    mode: Literal["refuse", "reset", "graceful"] = "refuse"
 
     @property
     def end_s(self) -> float:
@@ -414,9 +416,9 @@ class SimConfig:
                 raise ConfigError(f"{where}: outages[{i}].start_s must be >= 0")
             if not o.duration_s > 0:
                 raise ConfigError(f"{where}: outages[{i}].duration_s must be > 0")
-            if o.mode not in ("refuse", "reset"):
-                raise ConfigError(f"{where}: outages[{i}].mode must be 'refuse' or 'reset', "
-                                  f"not {o.mode!r}")
+            if o.mode not in ("refuse", "reset", "graceful"):
+                raise ConfigError(f"{where}: outages[{i}].mode must be 'refuse', 'reset' or "
+                                  f"'graceful', not {o.mode!r}")
             windows.append((o.start_s, i, o))
         self.outages = [o for _, _, o in sorted(windows, key=lambda w: w[:2])]
         for k in range(1, len(self.outages)):

@@ -399,6 +399,20 @@ class HttpConnection(asyncio.Protocol):
     def _reset_instead(self, data: bytes) -> None:
         self.abort_reset()
 
+    def close_when_done(self) -> None:
+        """Close the connection (FIN) once the answer in progress is out, at once if idle;
+        requests pipelined behind it are not read."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        self._parts = []
+        self._size = 0
+        if self.current is None:
+            transport.close()
+            self.closed = True
+        else:
+            self.current.keep_alive = False  # `answered` closes it
+
     def abort_reset(self) -> None:
         """Reset the connection from outside (an outage): the request being answered, if any,
         is lost (`on_lost`), as if the client had gone."""
@@ -502,14 +516,18 @@ class HttpServer:
                                                reuse_address=True)
         self._port = int(self.server.sockets[0].getsockname()[1])
 
-    def stop_listening(self) -> None:
+    def stop_listening(self, graceful: bool = False) -> None:
         """Close the listening socket (new connections are refused) and reset every open
-        connection (their requests are lost)."""
+        connection (their requests are lost) — or, `graceful`, close each once its answer in
+        progress is out (idle ones at once)."""
         server, self.server = self.server, None
         if server is not None:
             server.close()
         for conn in list(self.connections):
-            conn.abort_reset()
+            if graceful:
+                conn.close_when_done()
+            else:
+                conn.abort_reset()
 
     async def start_listening(self, retry_s: float = 0.05) -> None:
         """Listen again on the same host and port (retried while the port is busy)."""
