@@ -154,6 +154,7 @@ class _Gate:
     """What a connection asks its server: whether to reset new requests (an outage)."""
 
     resetting = False
+    draining = False
 
 
 _OPEN = _Gate()
@@ -185,6 +186,8 @@ class HttpConnection(asyncio.Protocol):
         self.connections.add(self)
         if self._gate.resetting:
             self.abort_reset()
+        elif self._gate.draining:  # accepted just before a graceful stop: idle, closed
+            self.close_when_done()
 
     def data_received(self, data: bytes) -> None:
         if self._parts or self.current is not None:
@@ -484,6 +487,7 @@ class HttpServer:
         self.connections: set[HttpConnection] = set()
         self.server: asyncio.Server | None = None
         self._resetting = False
+        self.draining = False  # stopped gracefully: connections made late close at once
         self._port = 0
         self._closed = False
         self._reopen: asyncio.Future | None = None
@@ -523,6 +527,7 @@ class HttpServer:
         server, self.server = self.server, None
         if server is not None:
             server.close()
+        self.draining = graceful
         for conn in list(self.connections):
             if graceful:
                 conn.close_when_done()
@@ -533,6 +538,7 @@ class HttpServer:
         """Listen again on the same host and port (retried while the port is busy)."""
         if self.server is not None or self._closed:
             return
+        self.draining = False
         if self._reopen is None or self._reopen.done():
             # Shielded: a cancelled caller must not leave a socket listening that nobody owns.
             self._reopen = asyncio.ensure_future(self._relisten(retry_s))
