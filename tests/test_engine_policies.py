@@ -150,6 +150,28 @@ def test_endpoint_health_outage_probe_and_recovery():
     assert not h.down and h.gate() is None
 
 
+def test_reports_of_requests_sent_before_the_last_change_change_nothing():
+    t = [0.0]
+    h = EndpointHealth(clock=lambda: t[0], wall=lambda: 0.0)
+    t[0] = 1.0
+    for i in range(UNREACHABLE_STREAK):
+        h.on_failure("unreachable", i, "refused", responded=False, sent_at=0.9)
+    assert h.down
+    t[0] = 2.0  # answers of a graceful shutdown, sent before it: still down
+    assert h.on_answer(sent_at=0.5) is None and h.down
+    assert h.on_failure("bad_request", 7, "400", responded=True, sent_at=0.5) is None
+    assert h.down
+    assert "reachable again" in h.on_answer(probe=True, sent_at=1.5)
+    t[0] = 3.0  # failures of requests sent while it was down: no new outage
+    for i in range(UNREACHABLE_STREAK):
+        assert h.on_failure("unreachable", 20 + i, "refused", responded=False,
+                            sent_at=1.9) is None
+    assert not h.down and h.outages == 1
+    for i in range(UNREACHABLE_STREAK):  # sent since it came back: down again
+        h.on_failure("unreachable", 30 + i, "refused", responded=False, sent_at=2.5)
+    assert h.down and h.outages == 2
+
+
 def test_5xx_storm_across_tasks_is_an_outage_but_one_task_is_not():
     h = EndpointHealth()
     for _ in range(100):

@@ -90,7 +90,14 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.outcome import EXIT_CANCELLED, EXIT_INCOMPLETE, EXIT_OK, EXIT_STOPPED
     from ..engine.resume import pin_for_run_dir
     from ..probe import ProbeError, probe
-    from ..probe.report import probe_json, ranked, table, verdict_lines, write_json
+    from ..probe.report import (
+        out_problem,
+        probe_json,
+        ranked,
+        table,
+        verdict_lines,
+        write_json,
+    )
     from ..render import RenderError, target_renderer
     from ..tokenizer import TokenizerError, load_tokenizer
 
@@ -107,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
         renderer = target_renderer(cfg, tokenizer)
     except (ValueError, ConfigError, TokenizerError, RenderError) as exc:
         print(f"specgen probe: {exc}", file=sys.stderr)
+        return 2
+    path = Path(os.path.normpath(args.out or Path(cfg.run_dir) / "probe.json"))
+    problem = out_problem(path)
+    if problem is not None:  # before a cent is spent
+        print(f"specgen probe: cannot write {path}: {problem} (--out FILE picks another "
+              "place)", file=sys.stderr)
         return 2
 
     def on_plan(plan) -> None:
@@ -132,7 +145,6 @@ def run(args: argparse.Namespace) -> int:
     th = opts.thresholds
     rows = ranked(result, th, require_witness=cfg.quality.require_witness)
     data = probe_json(cfg, result, rows, th, opts)
-    path = Path(os.path.normpath(args.out or Path(cfg.run_dir) / "probe.json"))
     try:
         write_json(path, data)
     except OSError as exc:
@@ -153,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
             out.print("no endpoint meets the thresholds: nothing to suggest (see the "
                       "verdicts above)")
     err.print(f"  wrote {path}")
+    if result.capped:
+        err.print(f"  {result.capped}")
     if result.stopped:
         err.print(f"  stopped early: {result.stopped}")
         return EXIT_STOPPED

@@ -56,16 +56,22 @@ def handle(args: argparse.Namespace) -> int:
         unknown = unknown_name_note(run_dir, name)
         if unknown:
             print(f"specgen provider: note: {unknown}", file=sys.stderr)
-    if status["state"] != "running":
-        try:
-            print(apply_offline(run_dir, action, name))
-            return 0
-        except RunLockedError:
-            pass  # a run just started: ask it as a running run
-        except StoreError as exc:
-            print(f"specgen provider: {exc}", file=sys.stderr)
-            return 2
-    path = write_request(run_dir, action, name)
+    try:
+        if status["state"] != "running":
+            try:
+                print(apply_offline(run_dir, action, name))
+                return 0
+            except RunLockedError:
+                pass  # a run just started: ask it as a running run
+            except StoreError as exc:
+                print(f"specgen provider: {exc}", file=sys.stderr)
+                return 2
+        path = write_request(run_dir, action, name)
+    except OSError as exc:  # a read-only run dir, or one this user may not write
+        print(f"specgen provider: cannot {action} {shown(name)!r}: the run dir {run_dir} is "
+              f"not writable here ({exc.strerror or exc}: {exc.filename or run_dir}); run it "
+              "as the user who owns the run, or on a writable copy", file=sys.stderr)
+        return 2
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         if not path.exists():

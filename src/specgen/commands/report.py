@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
@@ -38,9 +39,16 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(out)
         return 0
     path = Path(args.output) if args.output else Path(args.run_dir) / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(out, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(out, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:  # a read-only run dir, a directory in the way, a full disk
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        print(f"specgen report: cannot write {path}: {exc.strerror or exc}; -o PATH writes "
+              "it elsewhere, --text prints it", file=sys.stderr)
+        return 2
     print(f"wrote {path}")
     return 0

@@ -33,7 +33,7 @@ class Limits:
         self._budget_logged = -1e9
 
     def on_answer(self, job: Job, provider: str | None) -> None:
-        note = self.health.on_answer(probe=job.probe)
+        note = self.health.on_answer(probe=job.probe, sent_at=job.sent_at)
         if note:
             self._endpoint_note(provider, note)
 
@@ -46,7 +46,7 @@ class Limits:
         kind = err.kind
         note = self.health.on_failure(kind, job.task_id, str(err)[:300],
                                       responded=err.status is not None, probe=job.probe,
-                                      phase=err.timeout_phase)
+                                      phase=err.timeout_phase, sent_at=job.sent_at)
         if note:
             self._endpoint_note(err.provider, note)
         if kind == "in_flight_budget":

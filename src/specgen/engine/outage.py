@@ -8,6 +8,12 @@ the run goes on as soon as it answers; attempts made meanwhile do not count agai
 `max_attempts`. An endpoint down longer than `outage_timeout` stops the run (stopped, work
 pending, resumable).
 
+One transition per state change: an answer or a failure of a request sent before the last
+change (down, or up again) says nothing about the endpoint since, so it changes nothing. A
+server shutting down gracefully finishes the answers under way while it refuses new
+connections; those late answers do not read as "reachable again" (nor, after it is back, the
+late failures of requests sent while it was down as a new outage).
+
 A `Retry-After` longer than `retry_after_cap` is not parked on one request in silence either:
 the whole endpoint pauses, visibly, until then.
 
@@ -17,6 +23,7 @@ asks `gate()` how many requests it may send now.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +56,7 @@ class EndpointHealth:
         self._probe_in_flight = False
         self._next_probe = 0.0
         self._probe_wait = PROBE_FIRST
+        self._changed_at = -math.inf  # when the endpoint last went down or came back
 
     # -- what the scheduler asks ------------------------------------------------------------
     @property
@@ -82,9 +90,15 @@ class EndpointHealth:
                 f"{self.last_error}); outage_timeout of {self.outage_timeout:g}s reached")
 
     # -- what the scheduler tells -----------------------------------------------------------
-    def on_answer(self, probe: bool = False) -> str | None:
-        """The API answered (any HTTP response that is not a 5xx counts). Returns a message
-        when this ends an outage."""
+    def _stale(self, sent_at: float | None) -> bool:
+        """Whether a request was sent before the last change of state."""
+        return sent_at is not None and sent_at < self._changed_at
+
+    def on_answer(self, probe: bool = False, sent_at: float | None = None) -> str | None:
+        """The API answered (any HTTP response that is not a 5xx counts) a request sent at
+        `sent_at` (`clock` time; None: now). Returns a message when this ends an outage."""
+        if self.down_since is not None and self._stale(sent_at):
+            return None  # sent before the outage: not a sign it is over
         self._streak = 0
         self._storm.clear()
         self._hung.clear()
@@ -92,16 +106,21 @@ class EndpointHealth:
             self._probe_in_flight = False
         if self.down_since is None:
             return None
-        took = self.clock() - self.down_since
+        self._changed_at = self.clock()
+        took = self._changed_at - self.down_since
         self.down_since = self.down_since_wall = self.down_reason = None
         self._probe_wait = PROBE_FIRST
         self._probe_in_flight = False
         return f"endpoint reachable again after {took:.0f}s; dispatching resumes"
 
     def on_failure(self, kind: str, task_id: int, message: str, *, responded: bool,
-                   probe: bool = False, phase: str | None = None) -> str | None:
-        """A failed attempt (`responded`: an HTTP status came back; `phase`: a timeout's).
-        Returns a message when this starts (or ends) an outage."""
+                   probe: bool = False, phase: str | None = None,
+                   sent_at: float | None = None) -> str | None:
+        """A failed attempt (`responded`: an HTTP status came back; `phase`: a timeout's;
+        `sent_at` as for `on_answer`). Returns a message when this starts (or ends) an
+        outage."""
+        if self.down_since is None and self._stale(sent_at):
+            return None  # sent while it was down: not a sign it is down again
         if kind == "unreachable":
             self._streak += 1
         elif kind in STORM_KINDS and responded:
@@ -109,7 +128,7 @@ class EndpointHealth:
         elif kind == "timeout" and phase == "first_byte" and not responded:
             self._hung.add(task_id)
         elif responded:  # any other HTTP error came from a server that answered: it is up
-            return self.on_answer(probe)
+            return self.on_answer(probe, sent_at)
         elif not self.down:  # a timeout or a broken body: neither up nor down
             return None
         self.last_error = message
@@ -129,7 +148,7 @@ class EndpointHealth:
         else:
             return None
         self.outages += 1
-        self.down_since = self.clock()
+        self.down_since = self._changed_at = self.clock()
         self.down_since_wall = self.wall()
         self.down_reason = reason
         self._next_probe = self.down_since + PROBE_FIRST

@@ -241,6 +241,7 @@ class Engine:
         job.epoch = self.limit.epoch
         job.attempts += 1
         job.probe = probe
+        job.sent_at = self.health.clock()
         if probe:
             self.health.probe_sent()
         job.weight_before = self.inflight_weight

@@ -15,6 +15,7 @@ provider, `failures` against the thresholds.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -30,6 +31,8 @@ from ..quality.repairs import count_repair
 from ..quality.schema import schema_problem
 from ..quality.shapes import combine, shape_signature
 from ..quality.witness import CountWitness
+
+SKIPPED = "skipped:cost_cap"  # the error of a canary the cost cap left unsent
 
 
 @dataclass(slots=True)
@@ -183,7 +186,8 @@ def summarize(obs: list[Observation], reference: dict[str, Observation] | None
               ) -> dict[str, Any]:
     """One endpoint's figures over its observations (`reference`: the reference provider's
     observations by canary; None when there is none, or for the reference itself)."""
-    answered = [o for o in obs if o.ok]
+    sent = [o for o in obs if o.error != SKIPPED]
+    answered = [o for o in sent if o.ok]
     calls = sum(o.calls for o in answered)
     valid = sum(o.calls_valid for o in answered)
     verdicts = Counter(o.witness for o in answered if o.witness)
@@ -202,13 +206,14 @@ def summarize(obs: list[Observation], reference: dict[str, Observation] | None
     out: dict[str, Any] = {
         "prompt_shapes": {p: {sh: int(max(d, key=d.get)) for sh, d in by.items()}
                           for p, by in shapes.items()},
-        "requests": len(obs), "answered": len(answered),
-        "success_rate": _share(len(answered), len(obs)),
-        "errors": dict(Counter(o.error for o in obs if o.error)),
+        "requests": len(sent), "unsent": len(obs) - len(sent), "answered": len(answered),
+        "success_rate": _share(len(answered), len(sent)),
+        "errors": dict(Counter(o.error for o in sent if o.error)),
         "tool_calls": calls, "schema_accuracy": _share(valid, calls),
         "schema_problems": [p for o in answered for p in o.schema_problems][:5],
-        "witness": dict(verdicts), "witness_agreement": _share(
+        "witness": dict(verdicts), "witness_judged": judged, "witness_agreement": _share(
             verdicts["exact"] + verdicts["repaired"], judged),
+        "reasoning_asked": len(asked),
         "reasoning_present": _share(sum(o.reasoning for o in asked), len(asked)),
         "reasoning_leaked": sum(o.reasoning for o in not_asked),
         "finish_reasons": dict(Counter(o.finish_reason or "none" for o in answered)),
@@ -263,22 +268,52 @@ class Thresholds:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def failures(m: dict[str, Any], th: Thresholds, *, require_witness: bool = False) -> list[str]:
-    """Why an endpoint's figures miss the thresholds (empty: it is kept)."""
-    out = []
+# figure -> (the answers it rests on, its Thresholds field, its name in words)
+JUDGED = {"success_rate": ("requests", "min_success", "answered"),
+          "schema_accuracy": ("tool_calls", "min_schema_accuracy", "schema accuracy"),
+          "trigger_f1": ("trigger_compared", "min_trigger_f1", "tool-call trigger F1"),
+          "witness_agreement": ("witness_judged", "min_witness", "count-witness agreement"),
+          "reasoning_present": ("reasoning_asked", "min_reasoning",
+                                "reasoning present when asked")}
+Z95 = 1.96  # two-sided 95%
 
-    def low(key: str, floor: float, what: str) -> None:
-        value = m.get(key)
-        if value is not None and value < floor:
-            out.append(f"{what} {value:.0%} < {floor:.0%}")
 
-    if not m["answered"] or (m["success_rate"] or 0) < th.min_success:
-        out.append(f"answered {m['answered']}/{m['requests']} "
-                   f"(< {th.min_success:.0%}; errors: {m['errors'] or 'none'})")
-    low("schema_accuracy", th.min_schema_accuracy, "schema accuracy")
-    low("trigger_f1", th.min_trigger_f1, "tool-call trigger F1")
-    low("witness_agreement", th.min_witness, "count-witness agreement")
-    low("reasoning_present", th.min_reasoning, "reasoning present when asked")
+def min_answers(floor: float) -> int:
+    """The fewest answers a share must rest on before falling under `floor` drops a
+    provider: the smallest n whose 95% margin for a share, at its widest (z * 1/2 / sqrt(n)),
+    is narrower than the floor's distance from a coin flip (1/2), so a figure at chance level
+    is told apart from one at the floor (docs/probe.md, "Too few answers"). Floors under 0.6
+    are held 0.1 from a coin flip (n = 97)."""
+    gap = max(floor - 0.5, 0.1)
+    return math.floor((Z95 / (2 * gap)) ** 2) + 1
+
+
+def verdict(m: dict[str, Any], th: Thresholds, *, require_witness: bool = False
+            ) -> tuple[list[str], dict[str, str]]:
+    """(why an endpoint's figures miss the thresholds — empty: it is kept; by figure, those
+    under their floor that rest on too few answers to say so, which do not drop it)."""
+    out: list[str] = []
+    thin: dict[str, str] = {}
+    if not m["requests"]:
+        out.append(f"not measured: its {m['unsent']} canaries were left unsent at the "
+                   "cost cap" if m.get("unsent") else "not measured: no canary sent")
+        return out, thin
+    if not m["answered"]:
+        out.append(f"answered 0/{m['requests']} (errors: {m['errors'] or 'none'})")
+    for key, (n_key, floor_key, what) in JUDGED.items():
+        value, n, floor = m.get(key), m.get(n_key) or 0, getattr(th, floor_key)
+        if value is None or value >= floor or not m["answered"]:
+            continue
+        shown = (f"{m['answered']}/{m['requests']} ({value:.0%})" if key == "success_rate"
+                 else f"{value:.0%}")
+        need = min_answers(floor)
+        if n < need:
+            thin[key] = (f"{what} {shown} < {floor:.0%} rests on too few answers (n={n}, "
+                         f"needs {need}): not used to drop it")
+        elif key == "success_rate":
+            out.append(f"answered {shown} (< {floor:.0%}; errors: {m['errors'] or 'none'})")
+        else:
+            out.append(f"{what} {shown} < {floor:.0%} (n={n})")
     if require_witness and m["answered"] and m["witness_agreement"] is None:
         out.append("no count witness ([quality] require_witness = true)")
-    return out
+    return out, thin

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .measure import Thresholds, failures, summarize
+from .measure import Thresholds, summarize, verdict
 from .send import ProbeResult, Target
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -27,13 +28,13 @@ def ranked(result: ProbeResult, th: Thresholds, *, require_witness: bool = False
         figures = summarize(result.observations[t.tag], None if t.reference else ref_obs)
         if t.reference:
             figures.update(trigger_f1=None, trigger_agreement=None)  # the truth itself
-        why = failures(figures, th, require_witness=require_witness)
+        why, thin = verdict(figures, th, require_witness=require_witness)
         if not t.in_policy:
             why.append("outside the config's provider policy (probed as the reference)")
         if result.stopped and figures["answered"] < figures["requests"]:
             why.append("probe stopped early: " + result.stopped)
         rows.append({**_endpoint(t), **figures, "kept": not why, "failures": why,
-                     "quality": _quality(figures)})
+                     "too_few": thin, "quality": _quality(figures)})
     rows.sort(key=lambda r: (not r["kept"], -r["quality"],
                              r["cost_per_1k_completion_usd"] or float("inf")))
     return rows
@@ -108,12 +109,41 @@ def probe_json(cfg, result: ProbeResult, rows: list[dict[str, Any]], th: Thresho
         "reference": plan.reference.tag if plan.reference else None,
         "max_cost_usd": opts.max_cost_usd, "estimate_usd": round(plan.estimate_usd, 6),
         "spent_usd": round(result.spent_usd, 6), "stopped": result.stopped,
+        "capped": result.capped, "billed_over_listed": result.billed_rates,
         "thresholds": th.to_json(),
         "providers": rows, "kept": kept,
         "suggested_provider": provider, "suggested_toml": toml_block(provider),
         "observations": [o.to_json() for items in result.observations.values()
                          for o in items],
     }
+
+
+def out_problem(path: Path) -> str | None:
+    """Why `path` cannot take probe.json (None: it can), checked before anything is paid
+    for: not a directory nor another non-file, under a directory that exists (or can be
+    made) and takes a new file."""
+    if path.is_dir():
+        return "it is a directory (give a file name, e.g. DIR/probe.json)"
+    if path.exists() and not path.is_file():
+        return "it exists and is not a regular file"
+    parent = path.parent
+    existing = parent
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if existing != parent:  # made on writing: the nearest existing directory must take it
+        return None if os.access(existing, os.W_OK | os.X_OK) else (
+            f"cannot create {parent}: {existing} is not writable")
+    try:  # a real write: permissions, a read-only mount, quotas
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.check-", dir=parent)
+    except OSError as exc:
+        return f"cannot write in {parent}: {exc.strerror or exc}"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -149,15 +179,25 @@ def table(rows: list[dict[str, Any]], *, title: str):
                                                         key=lambda kv: -kv[1]))
         who = r["tag"] + (" (reference)" if r["reference"] else "")
         verdict = "keep" if r["kept"] else "drop"
-        trig = "ref" if r["reference"] else _pct(r["trigger_f1"])
-        t.add_row(who, r["quantization"], f"{r['answered']}/{r['requests']}",
-                  _pct(r["schema_accuracy"]), trig, _pct(r["witness_agreement"]),
-                  _pct(r["reasoning_present"]), finish or "-", _pct(r["truncated"]),
+
+        def fig(key: str, r=r) -> str:  # `*`: under its floor on too few answers
+            return _pct(r[key]) + ("*" if key in r["too_few"] else "")
+
+        trig = "ref" if r["reference"] else fig("trigger_f1")
+        answered = f"{r['answered']}/{r['requests']}" + ("*" if "success_rate" in r["too_few"]
+                                                         else "")
+        t.add_row(who, r["quantization"], answered,
+                  fig("schema_accuracy"), trig, fig("witness_agreement"),
+                  fig("reasoning_present"), finish or "-", _pct(r["truncated"]),
                   _num(r["ttft_p50_s"], ".2f"), _num(r["tokens_per_s"], ".0f"),
                   _num(r["cost_per_1k_completion_usd"], ".4f"), verdict)
     return t
 
 
 def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Why each dropped endpoint was dropped, one line each."""
-    return [f"  drop {r['tag']}: {'; '.join(r['failures'])}" for r in rows if not r["kept"]]
+    """Why each dropped endpoint was dropped, and (`*` in the table) which figures rest on
+    too few answers to count, one line each."""
+    out = [f"  drop {r['tag']}: {'; '.join(r['failures'])}" for r in rows if not r["kept"]]
+    out += [f"  * {r['tag']}: {'; '.join(r['too_few'].values())}" for r in rows
+            if r["too_few"]]
+    return out

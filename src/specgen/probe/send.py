@@ -8,13 +8,16 @@ the model author's own endpoint) is probed too, even when the policy leaves it o
 
 Before anything is sent the worst case is computed: every canary answered with `max_tokens`
 at the endpoint's listed prices. Above `--max-cost` the probe refuses to start; while it runs
-a request is sent only when what was spent plus the worst case of what is in flight still
-fits, so the cap holds even when answers are retried.
+a request is sent only when what was billed plus the worst case of what is in flight still
+fits, so the cap holds even when answers are retried; an endpoint that bills more than it
+lists has its worst case counted at what it bills (`CostCap`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +30,7 @@ from ..engine.model_check import ModelCheck
 from ..engine.policy import Endpoint, ProviderPolicy, parse_endpoints
 from ..request import build_request, local_engines
 from ..sampling import sample_settings
-from .measure import Observation, Thresholds, judge_witness, observe_answer
+from .measure import SKIPPED, Observation, Thresholds, judge_witness, observe_answer
 from .suite import Canary, canaries
 
 # The config's provider keys a pinned canary keeps: data policies a run would also apply.
@@ -95,6 +98,8 @@ class ProbeResult:
     observations: dict[str, list[Observation]]  # tag -> its observations, canary order
     spent_usd: float = 0.0
     stopped: str | None = None  # why it stopped early (an account budget)
+    capped: str | None = None  # what --max-cost left unmeasured (None: nothing)
+    billed_rates: dict[str, float] = field(default_factory=dict)  # tag -> billed / listed
 
 
 def _matches(name: str, ep: Endpoint) -> bool:
@@ -178,22 +183,72 @@ def make_plan(cfg: RunConfig, endpoints: list[Endpoint], opts: ProbeOptions,
 
 
 class CostCap:
-    """Spent + the worst case of what is in flight never passes the cap."""
+    """What was billed plus the worst case of everything in flight never passes the cap.
+
+    The worst case of a request is its listed-price worst case times what its endpoint was
+    seen to bill over its listed prices (`rate`: billed / listed for the tokens answered, the
+    highest seen, at least 1): an endpoint that bills more than it lists is found out on its
+    first answer, and until that first bill only one request at a time goes to it
+    (`first_bill`), so no batch of under-priced requests is in flight at once."""
 
     def __init__(self, cap: float):
         self.cap = cap
-        self.spent = 0.0
+        self.spent = 0.0  # billed (usage.cost; the listed price where none is reported)
         self.reserved = 0.0
+        self.rate: dict[str, float] = {}  # endpoint tag -> billed / listed, once known
+        self.reached = False  # a request did not fit
+        self._locks: dict[str, asyncio.Lock] = {}
 
-    def reserve(self, worst: float) -> bool:
+    @contextlib.asynccontextmanager
+    async def first_bill(self, tag: str):
+        """Held around a request to `tag` while its rate is unknown: one at a time."""
+        if tag in self.rate:
+            yield
+            return
+        lock = self._locks.setdefault(tag, asyncio.Lock())
+        await lock.acquire()
+        if tag in self.rate:
+            lock.release()
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def reserve(self, tag: str, listed_worst: float) -> float | None:
+        """The amount reserved for one request to `tag`, or None: it does not fit."""
+        worst = listed_worst * self.rate.get(tag, 1.0)
         if self.spent + self.reserved + worst > self.cap + 1e-12:
-            return False
+            self.reached = True
+            return None
         self.reserved += worst
-        return True
+        return worst
 
-    def settle(self, worst: float, cost: float) -> None:
-        self.reserved = max(0.0, self.reserved - worst)
+    def settle(self, reserved: float, cost: float, tag: str | None = None,
+               listed: float | None = None) -> None:
+        """A request is over: `cost` billed; `listed` what its tokens cost at the listed
+        prices (None: not known, the rate is not learned from it)."""
+        self.reserved = max(0.0, self.reserved - reserved)
         self.spent += cost
+        if tag is not None and listed is not None:
+            rate = cost / listed if listed > 0 else (1.0 if cost <= 0 else math.inf)
+            self.rate[tag] = max(1.0, self.rate.get(tag, 1.0), rate)
+
+    def summary(self, observations: dict[str, list[Observation]]) -> str | None:
+        """What the cap left unmeasured, in words (None: every canary was sent)."""
+        unsent = {tag: sum(o.error == SKIPPED for o in obs) for tag, obs in observations.items()}
+        total = sum(len(obs) for obs in observations.values())
+        n = sum(unsent.values())
+        if not n:
+            return None
+        over = [f"{tag} bills {r:.3g}x its listed price" for tag, r in self.rate.items()
+                if r > 1.0 + 1e-9]
+        return (f"stopped at the cost cap (--max-cost ${self.cap:g}, billed "
+                f"${self.spent:.4f}{'; ' + ', '.join(over) if over else ''}): {n} of {total} "
+                "canaries not sent, left unmeasured: "
+                + ", ".join(f"{tag} {k}/{len(observations[tag])}"
+                            for tag, k in unsent.items() if k))
 
 
 class Stop(Exception):
@@ -248,13 +303,24 @@ async def send_plan(cfg: RunConfig, client, plan: Plan, opts: ProbeOptions, rend
         check = ProviderPolicy({"only": [t.tag]}, endpoints)
         async with sem:
             for attempt in range(1, opts.attempts + 1):
-                if not cap.reserve(worst):
-                    o.error, o.detail = "skipped:cost_cap", f"--max-cost ${cap.cap:g} reached"
-                    return
-                try:
-                    resp = await client.chat(body)
-                except ApiError as err:
-                    cap.settle(worst, err.cost_usd or 0.0)
+                async with cap.first_bill(t.tag):
+                    reserved = cap.reserve(t.tag, worst)
+                    if reserved is None:
+                        o.error, o.detail = SKIPPED, f"--max-cost ${cap.cap:g} reached"
+                        return
+                    try:
+                        resp = await client.chat(body)
+                    except ApiError as err:
+                        cap.settle(reserved, err.cost_usd or 0.0)
+                        resp = err
+                    else:
+                        p, q = _prices(cfg, t.endpoint)
+                        listed = resp.prompt_tokens * p + resp.completion_tokens * q
+                        # priced by the list when no cost is reported: bounded anyway
+                        cost = listed if resp.cost_usd is None else resp.cost_usd
+                        cap.settle(reserved, cost, t.tag, listed)
+                if isinstance(resp, ApiError):
+                    err = resp
                     if err.kind in ACCOUNT_LIMITS:
                         raise Stop(str(err)) from None
                     if err.kind == "auth":
@@ -266,11 +332,6 @@ async def send_plan(cfg: RunConfig, client, plan: Plan, opts: ProbeOptions, rend
                         continue
                     o.error, o.detail = err.kind, str(err)[:300]
                     return
-                cost = resp.cost_usd
-                if cost is None:  # priced by the list: the probe's spend is bounded anyway
-                    p, q = _prices(cfg, t.endpoint)
-                    cost = resp.prompt_tokens * p + resp.completion_tokens * q
-                cap.settle(worst, cost)
                 why = check.rejection(resp.provider) or model_check.rejection(resp.model)
                 if why is not None:
                     o.error = f"rejected:{why}"
@@ -299,4 +360,6 @@ async def send_plan(cfg: RunConfig, client, plan: Plan, opts: ProbeOptions, rend
             if result.stopped and not o.ok and o.error is None:
                 o.error = "stopped"
     result.spent_usd = cap.spent
+    result.capped = cap.summary(obs)
+    result.billed_rates = {tag: round(r, 4) for tag, r in cap.rate.items()}
     return result

@@ -75,6 +75,8 @@ BUILTIN_PROMPTS = (
     ("no_tool_chat", "Write one sentence about autumn."),
     ("remind_tags", "Set a reminder in 10 minutes to stretch, tag it health and routine."),
     ("flights_one", "Any flights from BER to LIS on 2026-07-02?"),
+    ("weather_f", "Tell me the current temperature in Denver in fahrenheit."),
+    ("convert_chf", "What do 80 CHF come to in euros today?"),
 )
 
 

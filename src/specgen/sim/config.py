@@ -105,11 +105,13 @@ class QuirkRates:
 class OutageWindow:
     """A time window (seconds after the server started listening) in which the simulator is
     unreachable: `refuse` closes the listening socket (connection refused) and resets the open
-    connections; `reset` accepts connections and resets them before any response byte."""
+    connections; `reset` accepts connections and resets them before any response byte;
+    `graceful` shuts down as a server does on SIGTERM: it stops accepting, closes idle
+    keep-alive connections and each busy one once its answer is out."""
 
     start_s: float
     duration_s: float
-    mode: Literal["refuse", "reset"] = "refuse"
+    mode: Literal["refuse", "reset", "graceful"] = "refuse"
 
     @property
     def end_s(self) -> float:
@@ -132,6 +134,7 @@ class ProviderConfig:
     prompt_price_per_m: float = 0.6  # USD per million prompt tokens
     completion_price_per_m: float = 2.5  # USD per million completion tokens
     cache_read_price_per_m: float | None = None  # cached prompt tokens; default: prompt price
+    billed_price_factor: float = 1.0  # usage.cost = this x the listed prices (> 1: bills more)
     cache_hit_rate: float = 0.0  # P(part of the prompt is reported as cached)
     latency_s: float = 0.0  # time to first token
     latency_jitter: float = 0.0  # relative: latency is drawn in [1-j, 1+j] * latency_s
@@ -359,7 +362,7 @@ class SimConfig:
                 raise ConfigError(f"{label}: quantization {p.quantization!r} is not one of "
                                   f"{', '.join(sorted(QUANTIZATIONS))}")
             for key in ("prompt_price_per_m", "completion_price_per_m", "latency_s",
-                        "tokens_per_second", "latency_jitter"):
+                        "tokens_per_second", "latency_jitter", "billed_price_factor"):
                 if getattr(p, key) < 0:
                     raise ConfigError(f"{label}: {key} must be >= 0")
             if p.cache_read_price_per_m is not None and p.cache_read_price_per_m < 0:
@@ -413,9 +416,9 @@ class SimConfig:
                 raise ConfigError(f"{where}: outages[{i}].start_s must be >= 0")
             if not o.duration_s > 0:
                 raise ConfigError(f"{where}: outages[{i}].duration_s must be > 0")
-            if o.mode not in ("refuse", "reset"):
-                raise ConfigError(f"{where}: outages[{i}].mode must be 'refuse' or 'reset', "
-                                  f"not {o.mode!r}")
+            if o.mode not in ("refuse", "reset", "graceful"):
+                raise ConfigError(f"{where}: outages[{i}].mode must be 'refuse', 'reset' or "
+                                  f"'graceful', not {o.mode!r}")
             windows.append((o.start_s, i, o))
         self.outages = [o for _, _, o in sorted(windows, key=lambda w: w[:2])]
         for k in range(1, len(self.outages)):

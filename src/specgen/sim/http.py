@@ -154,6 +154,7 @@ class _Gate:
     """What a connection asks its server: whether to reset new requests (an outage)."""
 
     resetting = False
+    draining = False
 
 
 _OPEN = _Gate()
@@ -185,6 +186,8 @@ class HttpConnection(asyncio.Protocol):
         self.connections.add(self)
         if self._gate.resetting:
             self.abort_reset()
+        elif self._gate.draining:  # accepted just before a graceful stop: idle, closed
+            self.close_when_done()
 
     def data_received(self, data: bytes) -> None:
         if self._parts or self.current is not None:
@@ -399,6 +402,20 @@ class HttpConnection(asyncio.Protocol):
     def _reset_instead(self, data: bytes) -> None:
         self.abort_reset()
 
+    def close_when_done(self) -> None:
+        """Close the connection (FIN) once the answer in progress is out, at once if idle;
+        requests pipelined behind it are not read."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        self._parts = []
+        self._size = 0
+        if self.current is None:
+            transport.close()
+            self.closed = True
+        else:
+            self.current.keep_alive = False  # `answered` closes it
+
     def abort_reset(self) -> None:
         """Reset the connection from outside (an outage): the request being answered, if any,
         is lost (`on_lost`), as if the client had gone."""
@@ -470,6 +487,7 @@ class HttpServer:
         self.connections: set[HttpConnection] = set()
         self.server: asyncio.Server | None = None
         self._resetting = False
+        self.draining = False  # stopped gracefully: connections made late close at once
         self._port = 0
         self._closed = False
         self._reopen: asyncio.Future | None = None
@@ -502,19 +520,25 @@ class HttpServer:
                                                reuse_address=True)
         self._port = int(self.server.sockets[0].getsockname()[1])
 
-    def stop_listening(self) -> None:
+    def stop_listening(self, graceful: bool = False) -> None:
         """Close the listening socket (new connections are refused) and reset every open
-        connection (their requests are lost)."""
+        connection (their requests are lost) — or, `graceful`, close each once its answer in
+        progress is out (idle ones at once)."""
         server, self.server = self.server, None
         if server is not None:
             server.close()
+        self.draining = graceful
         for conn in list(self.connections):
-            conn.abort_reset()
+            if graceful:
+                conn.close_when_done()
+            else:
+                conn.abort_reset()
 
     async def start_listening(self, retry_s: float = 0.05) -> None:
         """Listen again on the same host and port (retried while the port is busy)."""
         if self.server is not None or self._closed:
             return
+        self.draining = False
         if self._reopen is None or self._reopen.done():
             # Shielded: a cancelled caller must not leave a socket listening that nobody owns.
             self._reopen = asyncio.ensure_future(self._relisten(retry_s))

@@ -9,6 +9,10 @@ timed from the moment it started listening; `begin(mode)` / `end()` start and en
   the server listens again on the same port: the base URL keeps working.
 * `reset`: connections are accepted and reset (RST) before any response byte, and so is every
   new request on an already open keep-alive connection. Answers already under way finish.
+* `graceful`: a server shutting down cleanly (SIGTERM to uvicorn, nginx -s quit): the
+  listening socket is closed (new connections refused), idle keep-alive connections are
+  closed (FIN), and a connection busy with an answer finishes it and then closes. At the end
+  it listens again on the same port.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ if TYPE_CHECKING:
     from .server import Simulator
 
 log = logging.getLogger("specgen.sim")
-MODES = ("refuse", "reset")
+MODES = ("refuse", "reset", "graceful")
 
 
 class Outages:
@@ -66,16 +70,16 @@ class Outages:
         if mode not in MODES:
             raise ValueError(f"outage mode must be one of {', '.join(MODES)}, not {mode!r}")
         http = self.http
-        if self.mode == "reset" and mode == "refuse":
+        if self.mode == "reset" and mode != "reset":
             http.resetting = False
         self.mode = mode
         sim = self.sim
         sim.outage_active = True
         sim.outages_started += 1
-        if mode == "refuse":
-            http.stop_listening()
-        else:
+        if mode == "reset":
             http.resetting = True
+        else:
+            http.stop_listening(graceful=mode == "graceful")
         log.info("outage (%s) started", mode)
 
     async def end(self) -> None:

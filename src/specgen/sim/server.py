@@ -646,8 +646,9 @@ class Simulator:
         if p.cache_hit_rate and rng.random() < p.cache_hit_rate:
             cached = int(n_prompt * rng.uniform(0.5, 1.0)) // 64 * 64
         ep = self._endpoints[id(p)]
-        prompt_cost = (n_prompt - cached) * ep.prompt_price + cached * ep.cache_price
-        completion_cost = n_completion * ep.completion_price
+        billed = p.billed_price_factor  # 1: as listed
+        prompt_cost = ((n_prompt - cached) * ep.prompt_price + cached * ep.cache_price) * billed
+        completion_cost = n_completion * ep.completion_price * billed
         cost = prompt_cost + completion_cost
         counting = ep.counting
         if counting is not None:  # the provider counts its own way; the cost stays true
