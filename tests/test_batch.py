@@ -268,7 +268,8 @@ def write_batch_config(tmp_path, endpoint: str = "", budget: str = ""):
 
 
 @pytest.mark.parametrize("endpoint, budget, key", [
-    ('batch_api = "openrouter"\n', "", "endpoint.batch_api"),
+    ('batch_api = "openrouter"\nbatch_max_requests = 6000\n', "", "endpoint.batch_max_requests"),
+    ('batch_api = "other"\n', "", "batch_api"),
     ("stream = true\n", "", "endpoint.stream"),
     ('completion_window = "1 day"\n', "", "endpoint.completion_window"),
     ("batch_max_requests = 60000\n", "", "endpoint.batch_max_requests"),
