@@ -114,14 +114,15 @@ def test_batch_run_equals_live_run_id_for_id(tmp_path):
     assert live_report.returncode == 0 and "Batches (timeline)" not in live_report.stdout
 
 
+@pytest.mark.parametrize("api", ["openai", "openrouter"])
 @pytest.mark.parametrize("phase", ["after_submission", "before_the_id_is_stored"])
-def test_kill_9_then_rerun_submits_once(tmp_path, phase):
+def test_kill_9_then_rerun_submits_once(tmp_path, phase, api):
     delay = 3.0 if phase == "before_the_id_is_stored" else 0.0
     sim = SimProcess(tmp_path, sim_text(processing=4.0, create_delay=delay))
     try:
         write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
         path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH)
+                            endpoint=BATCH + f'batch_api = "{api}"\n')
         run_dir = tmp_path / "run-dir"
         proc = start_cli(path)
         try:
@@ -146,6 +147,8 @@ def test_kill_9_then_rerun_submits_once(tmp_path, phase):
         stats = sim_stats(sim)
         assert stats["batches"]["submitted"] == 1  # found and collected, never sent again
         assert stats["batches"]["lines"] == 40
+        # the wire shape: an uploaded file (openai), the lines inline (openrouter)
+        assert stats["batches"]["files"] == (2 if api == "openai" else 0)  # input + output
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 40
         assert count(run_dir, "SELECT COUNT(*) FROM results") == 40
         check_store(run_dir)
@@ -295,12 +298,14 @@ def test_config_batch_defaults(tmp_path):
     assert cfg.endpoint.concurrency == cfg.endpoint.batch_max_requests == 5000
 
 
-def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
+@pytest.mark.parametrize("api", ["openai", "openrouter"])
+def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path, api):
     sim = SimProcess(tmp_path, sim_text(processing=6.0))
+    endpoint = BATCH + f'batch_api = "{api}"\n'
     try:
         write_jsonl(tmp_path / "a.jsonl", prompt_rows(20))
         path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH)
+                            endpoint=endpoint)
         run_dir = tmp_path / "run-dir"
         proc = start_cli(path)
         try:
@@ -332,7 +337,7 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
         # stop --now cancels the batch at the provider and says so
         write_jsonl(tmp_path / "b.jsonl", prompt_rows(10, prefix="q"))
         path = write_config(tmp_path, sim.url, [{"name": "b", "path": "b.jsonl"}],
-                            name="now", endpoint=BATCH)
+                            name="now", endpoint=endpoint)
         run_dir = tmp_path / "now-dir"
         proc = start_cli(path)
         try:
