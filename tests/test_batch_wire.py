@@ -119,7 +119,8 @@ class SlowBatchServer:
     `hold`: the first download of a batch's results sends half of them (openai: the first
     half of the output file's bytes; openrouter: the first page), sets `half_sent`, and holds
     the rest until `release` is set. `rate`: a batch answers this many lines a second (its
-    `request_counts` grow with the time since it was created); None: done when first read.
+    `request_counts` grow with the time since it was created), its last line not before
+    `release` is set; None: done when first read.
     It counts submissions and downloads and keeps each submission's top-level keys."""
 
     def __init__(self, *, hold: bool = False, rate: float | None = None):
@@ -211,7 +212,8 @@ class SlowBatchServer:
         total = b["request_counts"]["total"]
         if b["status"] in ("validating", "in_progress"):
             done = total if self.rate is None else min(
-                total, int((time.time() - b["created_at"]) * self.rate))
+                total if self.release.is_set() else total - 1,
+                int((time.time() - b["created_at"]) * self.rate))
             b["request_counts"]["completed"] = done
             b["status"] = "in_progress" if done < total else "completed"
             if done == total:
@@ -314,7 +316,7 @@ def test_batch_eta_arithmetic():
 
 @pytest.mark.parametrize("api", ["openai", "openrouter"])
 def test_eta_of_each_running_batch_from_the_providers_progress(tmp_path, api):
-    server = SlowBatchServer(rate=8.0)  # 40 lines: 5 s in progress
+    server = SlowBatchServer(rate=4.0)  # 40 lines: 10 s, the last held
     try:
         path = server_config(tmp_path, server, api, 40)
         run_dir = tmp_path / "run-dir"
@@ -323,12 +325,12 @@ def test_eta_of_each_running_batch_from_the_providers_progress(tmp_path, api):
             def running():
                 figures = live_status(run_dir).get("batches") or {}
                 shown = [b for b in figures.get("running", []) if b["eta_s"] is not None
-                         and 0 < b["completed"] < 36]
+                         and 0 < b["completed"] < 30]
                 return shown and (figures, shown)
             figures, shown = wait_for(running, timeout=120, what="a batch with an ETA")
             b = shown[0]
             assert b["state"] == "in_progress" and b["provider_id"] == "job-0"
-            assert 0 < b["eta_s"] <= (40 - b["completed"]) / 8.0 + 5
+            assert 0 < b["eta_s"] <= (40 - b["completed"]) / 4.0 + 5
             assert figures["eta_s"] == max(x["eta_s"] for x in figures["running"]
                                            if x["eta_s"] is not None)
             live = wait_for(lambda: ((live_status(run_dir).get("live") or {}).get("batches")
@@ -340,6 +342,7 @@ def test_eta_of_each_running_batch_from_the_providers_progress(tmp_path, api):
             assert report.returncode == 0, report.stderr
             row = next(line for line in report.stdout.splitlines() if b["id"] in line)
             assert re.search(r"in_progress.*\d+s\s*\|?\s*$", row), row
+            server.release.set()
             out, err = proc.communicate(timeout=120)
         finally:
             proc.kill()
