@@ -67,6 +67,17 @@ def test_openrouter_batch_run_equals_live_run_id_for_id(tmp_path):
     check_store(run_dir)
 
 
+def test_preview_shows_the_openrouter_request_item(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(2))
+    path = write_config(tmp_path, "sim", [{"name": "a", "path": "a.jsonl"}], endpoint=OPENROUTER)
+    out = subprocess.run([*SPECGEN, "preview", str(path), "--json", "-n", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    item = json.loads(out.stdout)["datasets"][0]["samples"][0]["body"]
+    assert set(item) == {"custom_id", "body"}  # no method/url: an item of `requests`
+    assert item["body"]["stream"] is False and item["body"]["model"] == "moonshotai/kimi-k2.5"
+
+
 def test_sim_serves_the_openrouter_batch_shape(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=0.5))
     try:

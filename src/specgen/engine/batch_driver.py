@@ -311,15 +311,14 @@ class BatchDriver:
             status = b.get("status") or "?"
             counts = b.get("request_counts") or {}
             since = b.get("in_progress_at") or b.get("created_at")
+            since = float(since) if isinstance(since, int | float) else None  # unix seconds
             seen = (status, counts.get("completed"), counts.get("failed"))
             if seen != last:  # the store holds the provider's progress (status --json, ETA)
                 last = seen
                 self.states[bid] = status
                 self._set(bid, state=status, completed=counts.get("completed"),
                           failed=counts.get("failed"), output_file_id=b.get("output_file_id"),
-                          error_file_id=b.get("error_file_id"),
-                          in_progress_at=float(since) if isinstance(since, int | float)
-                          else None)
+                          error_file_id=b.get("error_file_id"), in_progress_at=since)
             self.progress[bid] = (time.time(), since, counts.get("total") or 0,
                                   (counts.get("completed") or 0) + (counts.get("failed") or 0))
             if status in TERMINAL:
