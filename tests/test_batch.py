@@ -148,7 +148,8 @@ def test_kill_9_then_rerun_submits_once(tmp_path, phase, api):
         assert stats["batches"]["submitted"] == 1  # found and collected, never sent again
         assert stats["batches"]["lines"] == 40
         # the wire shape: an uploaded file (openai), the lines inline (openrouter)
-        assert stats["batches"]["files"] == (2 if api == "openai" else 0)  # input + output
+        assert count(run_dir, "SELECT COUNT(*) FROM batches WHERE input_file_id IS NOT NULL"
+                     ) == (1 if api == "openai" else 0)
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 40
         assert count(run_dir, "SELECT COUNT(*) FROM results") == 40
         check_store(run_dir)
