@@ -23,7 +23,7 @@ from email.parser import BytesParser
 import pytest
 
 from specgen.batch_queries import batch_eta
-from test_batch import BATCH, samples, sim_stats, sim_text
+from test_batch import BATCH, live_batches, samples, sim_stats, sim_text
 from test_engine_support import (
     SPECGEN,
     check_store,
@@ -130,8 +130,8 @@ class SlowBatchServer:
     `hold`: the first download of a batch's results sends half of them (openai: the first
     half of the output file's bytes; openrouter: the first page), sets `half_sent`, and holds
     the rest until `release` is set. `rate`: a batch answers this many lines a second (its
-    `request_counts` grow with the time since it was created), its last line not before
-    `release` is set; None: done when first read.
+    `request_counts` grow with the time since it was created) until `release` is set, then
+    it is done; None: done when first read.
     It counts submissions and downloads and keeps each submission's top-level keys."""
 
     def __init__(self, *, hold: bool = False, rate: float | None = None):
@@ -222,9 +222,8 @@ class SlowBatchServer:
     def progress(self, b: dict) -> dict:
         total = b["request_counts"]["total"]
         if b["status"] in ("validating", "in_progress"):
-            done = total if self.rate is None else min(
-                total if self.release.is_set() else total - 1,
-                int((time.time() - b["created_at"]) * self.rate))
+            done = total if self.rate is None or self.release.is_set() else min(
+                total - 1, int((time.time() - b["created_at"]) * self.rate))
             b["request_counts"]["completed"] = done
             b["status"] = "in_progress" if done < total else "completed"
             if done == total:
@@ -327,7 +326,7 @@ def test_batch_eta_arithmetic():
 
 @pytest.mark.parametrize("api", ["openai", "openrouter"])
 def test_eta_of_each_running_batch_from_the_providers_progress(tmp_path, api):
-    server = SlowBatchServer(rate=4.0)  # 40 lines: 10 s, the last held
+    server = SlowBatchServer(rate=1.0)  # 40 lines: 40 s, unless released
     try:
         path = server_config(tmp_path, server, api, 40)
         run_dir = tmp_path / "run-dir"
@@ -336,16 +335,17 @@ def test_eta_of_each_running_batch_from_the_providers_progress(tmp_path, api):
             def running():
                 figures = live_status(run_dir).get("batches") or {}
                 shown = [b for b in figures.get("running", []) if b["eta_s"] is not None
-                         and 0 < b["completed"] < 30]
+                         and 3 <= b["completed"] < 30]
                 return shown and (figures, shown)
             figures, shown = wait_for(running, timeout=120, what="a batch with an ETA")
             b = shown[0]
             assert b["state"] == "in_progress" and b["provider_id"] == "job-0"
-            assert 0 < b["eta_s"] <= (40 - b["completed"]) / 4.0 + 5
+            # the lines left at about 1 a second (a poll seen late on a loaded machine makes
+            # the measured rate lower, the ETA longer)
+            assert 0 < b["eta_s"] <= 2 * (40 - b["completed"]) + 5
             assert figures["eta_s"] == max(x["eta_s"] for x in figures["running"]
                                            if x["eta_s"] is not None)
-            live = wait_for(lambda: ((live_status(run_dir).get("live") or {}).get("batches")
-                                     or {}).get("eta_by_batch"), timeout=60,
+            live = wait_for(lambda: live_batches(run_dir).get("eta_by_batch"), timeout=60,
                             what="the live figures' ETA per batch")
             assert list(live) == [b["id"]]
             report = subprocess.run([*SPECGEN, "report", str(run_dir), "--text"],
