@@ -12,10 +12,10 @@ from urllib.parse import urlsplit
 
 from .errors import ConfigError
 
-# The OpenAI Batch API's limits (50,000 lines, 200 MB per input file); Moonshot's file limit
-# is 100 MB, which is the default of batch_max_bytes.
-OPENAI_MAX_REQUESTS = 50_000
-OPENAI_MAX_BYTES = 200 * 1024 * 1024
+# Each batch API's limits (lines, bytes per batch): OpenAI's 50,000 lines and 200 MB per
+# input file (Moonshot's file limit is 100 MB, the default of batch_max_bytes); OpenRouter's
+# 5,000 requests and 200 MB per inline batch.
+LIMITS = {"openai": (50_000, 200 * 1024 * 1024), "openrouter": (5_000, 200 * 1024 * 1024)}
 WINDOW = re.compile(r"[1-9][0-9]*h")
 PATH = re.compile(r"[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*")
 DEFAULT_PRICE_FACTOR = 0.5
@@ -50,22 +50,18 @@ def price_factor(budget: Any) -> float:
 
 def check_batch(cfg: Any, endpoint_raw: dict[str, Any], where: str) -> None:
     ep = cfg.endpoint
-    if ep.batch_api != "openai":
-        raise ConfigError(
-            f"{where}: endpoint.batch_api = {ep.batch_api!r} is not supported yet; use "
-            "batch_api = \"openai\" (file upload + /v1/batches: Moonshot, Together, OpenAI "
-            "and others) or mode = \"chat\"")
+    max_requests, max_bytes = LIMITS[ep.batch_api]
     if len(ep.base_url) > 1:
         raise ConfigError(f"{where}: endpoint.base_url: mode = \"batch\" submits every batch "
                           "to one API; give one base URL")
-    if not 1 <= ep.batch_max_requests <= OPENAI_MAX_REQUESTS:
+    if not 1 <= ep.batch_max_requests <= max_requests:
         raise ConfigError(f"{where}: endpoint.batch_max_requests must be between 1 and "
-                          f"{OPENAI_MAX_REQUESTS:,} (the Batch API's limit), got "
+                          f"{max_requests:,} (the limit of batch_api = {ep.batch_api!r}), got "
                           f"{ep.batch_max_requests}")
-    if not 1024 <= ep.batch_max_bytes <= OPENAI_MAX_BYTES:
+    if not 1024 <= ep.batch_max_bytes <= max_bytes:
         raise ConfigError(f"{where}: endpoint.batch_max_bytes must be between 1024 and "
-                          f"{OPENAI_MAX_BYTES:,} (200 MB, the Batch API's file limit), got "
-                          f"{ep.batch_max_bytes}")
+                          f"{max_bytes:,} (200 MB, the limit of batch_api = "
+                          f"{ep.batch_api!r}), got {ep.batch_max_bytes}")
     if not isinstance(ep.completion_window, str) or not WINDOW.fullmatch(ep.completion_window):
         raise ConfigError(f"{where}: endpoint.completion_window must be hours like \"24h\", "
                           f"got {ep.completion_window!r}")

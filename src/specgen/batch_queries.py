@@ -4,10 +4,12 @@ live view show of a run's batches, read from the store's `batches` and `batch_li
 from __future__ import annotations
 
 import sqlite3
+import time
 from typing import Any
 
 from .store import Store
 
+RUNNING = ("validating", "in_progress", "finalizing", "cancelling")
 BATCH_STATES = ("intent", "validating", "in_progress", "finalizing", "cancelling", "completed",
                 "failed", "expired", "cancelled", "lost")
 
@@ -29,6 +31,8 @@ def batch_figures(store: Store, cfg: dict[str, Any]) -> dict[str, Any] | None:
                 for s, n, lines, done, failed in rows}
     outcomes = {("waiting" if o is None else o): n for o, n in c.execute(
         "SELECT outcome, COUNT(*) FROM batch_lines GROUP BY outcome")}
+    running = running_batches(store)
+    etas = [b["eta_s"] for b in running if b["eta_s"] is not None]
     factor = (cfg.get("budget") or {}).get("batch_price_factor")
     factor = 0.5 if factor is None else float(factor)
     ((cost,),) = c.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM totals")
@@ -36,10 +40,40 @@ def batch_figures(store: Store, cfg: dict[str, Any]) -> dict[str, Any] | None:
         "batches": sum(v["batches"] for v in by_state.values()),
         "by_state": {s: by_state[s] for s in BATCH_STATES if s in by_state},
         "lines": outcomes,
+        "running": running,
+        "eta_s": max(etas) if etas else None,
         "price_factor": factor,
         "live_price_usd": round(cost / factor, 9),
         "saved_usd": round(cost / factor - cost, 9),
     }
+
+
+def batch_eta(total: int, done: int, since: Any, polled: float | None,
+              now: float) -> float | None:
+    """Seconds until a running batch is done: its `total - done` lines at the rate the
+    provider answered `done` lines from `since` (in progress) to `polled` (when those counts
+    were seen), less the time since; None until it has done some lines."""
+    if not since or not done or not total or not polled:
+        return None
+    rate = done / max(polled - float(since), 1e-3)
+    return round(max((total - done) / rate - (now - polled), 0.0), 1)
+
+
+def running_batches(store: Store) -> list[dict[str, Any]]:
+    """The batches not ended yet, each with its provider's progress and its ETA."""
+    marks = ",".join("?" * len(RUNNING))
+    try:
+        rows = store.conn.execute(
+            "SELECT id, provider_id, state, lines, completed, failed, in_progress_at, "
+            f"updated_at FROM batches WHERE state IN ({marks}) ORDER BY created_at",
+            RUNNING).fetchall()
+    except sqlite3.OperationalError:  # an older store, opened read-only
+        return []
+    now = time.time()
+    return [{"id": bid, "provider_id": pid, "state": state, "lines": lines,
+             "completed": done or 0, "failed": failed or 0,
+             "eta_s": batch_eta(lines, (done or 0) + (failed or 0), since, polled, now)}
+            for bid, pid, state, lines, done, failed, since, polled in rows]
 
 
 def batch_summary_line(figures: dict[str, Any]) -> str:
@@ -48,6 +82,7 @@ def batch_summary_line(figures: dict[str, Any]) -> str:
     lines = figures["lines"]
     waiting = lines.get("waiting", 0)
     failed = sum(n for o, n in lines.items() if o.startswith("error:"))
+    eta = "" if figures.get("eta_s") is None else f"; ETA {figures['eta_s']:.0f}s"
     return (f"batches: {figures['batches']} ({states}); lines {lines.get('ok', 0):,} answered, "
-            f"{failed:,} retried, {waiting:,} waiting; saved ${figures['saved_usd']:.4f} against "
+            f"{failed:,} retried, {waiting:,} waiting{eta}; saved ${figures['saved_usd']:.4f} against "
             f"live prices (${figures['live_price_usd']:.4f} at {figures['price_factor']:g}x)")

@@ -1,5 +1,10 @@
 """What a batch line is and what it costs (docs/batch.md), shared by the batch driver and
-`specgen preview`: a line carries the live non-stream body of its request, byte for byte."""
+`specgen preview`: a line carries the live non-stream body of its request, byte for byte.
+
+The two wire shapes (`[endpoint] batch_api`) differ only here and in `client/batch.py`:
+"openai" lines are `{custom_id, method, url, body}` lines of an uploaded JSONL file;
+"openrouter" lines are `{custom_id, body}` items of the inline `requests` array of one JSON
+submission `{endpoint, model, completion_window, metadata, provider?, requests}`."""
 
 from __future__ import annotations
 
@@ -22,13 +27,36 @@ def line_body(body: dict[str, Any], fixed: tuple[str, ...] = ()) -> dict[str, An
     return out
 
 
-def line(custom_id: str, body: dict[str, Any], fixed: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT_URL,
-            "body": line_body(body, fixed)}
+def record(api: str, custom_id: str, body: bytes) -> bytes:
+    """One line as sent, from its body's JSON bytes."""
+    if api == "openrouter":
+        return b'{"custom_id":%s,"body":%s}' % (orjson.dumps(custom_id), body)
+    return b'{"custom_id":%s,"method":"POST","url":"%s","body":%s}' % (
+        orjson.dumps(custom_id), CHAT_URL.encode(), body)
 
 
-def line_bytes(custom_id: str, body: dict[str, Any], fixed: tuple[str, ...] = ()) -> bytes:
-    return orjson.dumps(line(custom_id, body, fixed))
+def line(custom_id: str, body: dict[str, Any], fixed: tuple[str, ...] = (),
+         api: str = "openai") -> dict[str, Any]:
+    return orjson.loads(line_bytes(custom_id, body, fixed, api))
+
+
+def line_bytes(custom_id: str, body: dict[str, Any], fixed: tuple[str, ...] = (),
+               api: str = "openai") -> bytes:
+    return record(api, custom_id, orjson.dumps(line_body(body, fixed)))
+
+
+def submission(api: str, records: list[bytes], *, model: str, window: str,
+               metadata: dict[str, str], provider: Any = None) -> bytes:
+    """What is sent for a batch: the JSONL file ("openai"), or the one JSON body of an
+    inline batch ("openrouter": endpoint and model before `requests`, as OpenRouter reads
+    the body as a stream; the routing `provider` of the lines, one provider per batch)."""
+    if api != "openrouter":
+        return b"".join(r + b"\n" for r in records)
+    head: dict[str, Any] = {"endpoint": CHAT_URL, "model": model, "completion_window": window,
+                            "metadata": metadata}
+    if provider is not None:
+        head["provider"] = provider
+    return orjson.dumps(head)[:-1] + b',"requests":[' + b",".join(records) + b"]}"
 
 
 def batch_prices(prices: Any, budget: Any) -> Any:

@@ -351,12 +351,15 @@ def _sample(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, conv: Convers
     else:
         body = build_request(cfg, ds, req, settings=settings)
         url = ("http://sim" if base == "sim" else base.rstrip("/")) + "/chat/completions"
-    if ep.mode == "batch":  # one line of the uploaded file, exactly as it is sent
+    if ep.mode == "batch":  # one line of the batch, exactly as it is sent
         from .batch_config import fixed_sampling
         from .batch_shape import line
 
-        body = line(f"{ds.name}:{conv.id}:{req.turn}", body, fixed_sampling(cfg))
-        url = url.removesuffix("/chat/completions") + "/files (a line of the batch's JSONL)"
+        body = line(f"{ds.name}:{conv.id}:{req.turn}", body, fixed_sampling(cfg), ep.batch_api)
+        url = url.removesuffix("/chat/completions") + (
+            f"/{ep.batch_batches_path} (an item of the batch's requests array)"
+            if ep.batch_api == "openrouter" else
+            f"/{ep.batch_files_path} (a line of the batch's JSONL)")
     if base == "sim":
         url = "(the built-in simulator)" + url.removeprefix("http://sim")
     completion: list[int] = []

@@ -109,7 +109,7 @@ CREATE TABLE IF NOT EXISTS batches(
   id TEXT PRIMARY KEY, session INTEGER, created_at REAL NOT NULL, state TEXT NOT NULL,
   provider_id TEXT, input_file_id TEXT, output_file_id TEXT, error_file_id TEXT,
   lines INTEGER NOT NULL, bytes INTEGER NOT NULL, completed INTEGER, failed INTEGER,
-  updated_at REAL, detail TEXT);
+  updated_at REAL, detail TEXT, in_progress_at REAL);
 CREATE TABLE IF NOT EXISTS batch_lines(
   batch TEXT NOT NULL, custom_id TEXT NOT NULL, dataset TEXT NOT NULL, conv_id TEXT NOT NULL,
   turn INTEGER NOT NULL, outcome TEXT, PRIMARY KEY(batch, custom_id));
@@ -125,6 +125,7 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
                 ("completion_check", "TEXT"), ("prompt_shape", "TEXT")),
     "attempts": (("first_token_at", "REAL"),),
     "quarantine": (("detail", "TEXT"),),
+    "batches": (("in_progress_at", "REAL"),),
 }
 
 

@@ -1,5 +1,7 @@
-"""The OpenAI-style Batch API over HTTP (docs/batch.md): upload a JSONL file, create a
-batch, read it, list batches, cancel, and stream a result file line by line.
+"""The Batch APIs over HTTP (docs/batch.md): submit a batch (OpenAI-style: upload a JSONL
+file, then create the batch; OpenRouter: one POST with the lines inline), read it, list
+batches, cancel, and stream its results line by line (OpenAI-style: the output and error
+files, read in chunks; OpenRouter: the cursor-paginated results pages).
 
 Every failure is an `ApiError` classified as for chat (`errors.error_from_response`); a
 connection that cannot be made is `unreachable`. The API key travels only in the
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -30,8 +33,10 @@ class BatchHttp:
                  api_key: str | None = None, headers: Mapping[str, str] | None = None,
                  connect_timeout: float = 10.0, timeout: float = 600.0,
                  files_path: str = "files", batches_path: str = "batches",
-                 purpose: str = "batch", proxy: str | bool | None = None):
+                 purpose: str = "batch", proxy: str | bool | None = None,
+                 api: str = "openai", completion_window: str = "24h"):
         self.base_url = base_url.rstrip("/")
+        self.api, self.window = api, completion_window
         self.files, self.batches, self.purpose = files_path, batches_path, purpose
         if api_key is None and api_key_env:
             api_key = os.environ.get(api_key_env)
@@ -62,6 +67,41 @@ class BatchHttp:
             await session.close()
 
     # -- the calls ------------------------------------------------------------------------
+    async def submit(self, payload: bytes, *, name: str, metadata: dict[str, str],
+                     on_file: Any = None) -> dict[str, Any]:
+        """Submit a batch (`batch_shape.submission`'s bytes): the provider's batch object.
+        OpenAI-style, the file is uploaded first (`on_file(file_id)` is told its id)."""
+        if self.api == "openrouter":
+            return _batch(await self._json("POST", self.batches, payload=payload))
+        fid = await self.upload(payload, filename=f"{name}.jsonl")
+        if on_file is not None:
+            on_file(fid)
+        return await self.create(fid, self.window, metadata)
+
+    async def results(self, batch: dict[str, Any]) -> AsyncIterator[bytes | dict[str, Any]]:
+        """A finished batch's result lines (`{custom_id, response, error}`), as bytes or as
+        parsed items, never all held at once."""
+        if self.api == "openrouter":
+            cursor = None
+            while True:
+                path = f"{self.batches}/{batch['id']}/results?limit=100" + (
+                    f"&cursor={quote(cursor, safe='')}" if cursor else "")
+                page = await self._json("GET", path)
+                data = page.get("data") if isinstance(page, dict) else None
+                if not isinstance(data, list):
+                    raise ApiError("invalid_response",
+                                   f"batch results page has no data: {snippet(str(page))}")
+                for item in data:
+                    if isinstance(item, dict):
+                        yield item
+                cursor = page.get("next_cursor")
+                if not page.get("has_more") or not isinstance(cursor, str) or not data:
+                    return
+        for fid in (batch.get("output_file_id"), batch.get("error_file_id")):
+            if fid:
+                async for line in self.lines(fid):
+                    yield line
+
     async def upload(self, data: bytes, filename: str = "batch.jsonl") -> str:
         """POST /files (purpose=batch by default): the file's id."""
         form = aiohttp.FormData()
@@ -143,12 +183,13 @@ class BatchHttp:
             raise RuntimeError("BatchHttp is not open: use 'async with BatchHttp(...)'")
         return self._session
 
-    async def _json(self, method: str, path: str, *, body: Any = None, data: Any = None) -> Any:
+    async def _json(self, method: str, path: str, *, body: Any = None, data: Any = None,
+                    payload: bytes | None = None) -> Any:
         session = self._require()
         url = f"{self.base_url}/{path}"
         kwargs: dict[str, Any] = self._via(url)
-        if body is not None:
-            kwargs["data"] = orjson.dumps(body)
+        if body is not None or payload is not None:
+            kwargs["data"] = orjson.dumps(body) if payload is None else payload
             kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
         elif data is not None:
             kwargs["data"] = data

@@ -41,7 +41,8 @@ from typing import Any
 import orjson
 
 from ..batch_config import fixed_sampling
-from ..batch_shape import line_body, line_bytes
+from ..batch_queries import batch_eta
+from ..batch_shape import line_body, line_bytes, record, submission
 from ..client.errors import error_from_response
 from ..client.parse import parse_completion
 from ..client.types import ApiError, ChatResponse
@@ -79,6 +80,7 @@ class BatchDriver:
         self.to_live: set[Key] = set()  # lines a batch could not answer (batch_fallback)
         self.buffer: list[tuple[Key, bytes]] = []
         self.buffer_bytes = 0
+        self.buffer_model: Any = None  # one model per batch
         self._linger: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self.counts: dict[str, int] = {"submitted": 0, "resumed": 0, "lines": 0,
@@ -165,10 +167,13 @@ class BatchDriver:
 
     def _add(self, key: Key, body: dict[str, Any]) -> None:
         body = line_body(body, self.fixed)
-        data = line_bytes("{cid}", body)  # the size; the real custom_id is set at submission
+        # the size; the real custom_id is set at submission
+        data = line_bytes("{cid}", body, api=self.ep.batch_api)
         if self.buffer and (len(self.buffer) >= self.ep.batch_max_requests
-                            or self.buffer_bytes + len(data) > self.ep.batch_max_bytes):
+                            or self.buffer_bytes + len(data) > self.ep.batch_max_bytes
+                            or body.get("model") != self.buffer_model):
             self._flush()
+        self.buffer_model = body.get("model")
         self.buffer.append((key, orjson.dumps(body)))
         self.buffer_bytes += len(data) + 1
         if len(self.buffer) >= self.ep.batch_max_requests:
@@ -218,9 +223,13 @@ class BatchDriver:
 
     async def _send(self, bid: str, cids: dict[str, Key], lines: list[tuple[Key, bytes]]
                     ) -> None:
-        data = b"".join(b'{"custom_id":%s,"method":"POST","url":"/v1/chat/completions",'
-                        b'"body":%s}\n' % (orjson.dumps(cid), body)
-                        for cid, (_, body) in zip(cids, lines, strict=True))
+        api = self.ep.batch_api
+        first = orjson.loads(lines[0][1])  # one model (and routing) per batch
+        meta = {"specgen_batch": bid, "specgen_run": self.run_tag}
+        data = submission(api, [record(api, cid, body) for cid, (_, body)
+                                in zip(cids, lines, strict=True)],
+                          model=first.get("model"), window=self.ep.completion_window,
+                          metadata=meta, provider=first.get("provider"))
         for attempt in range(INTENT_TRIES):  # 1. the intent, before anything is sent
             try:
                 self._intent(bid, cids, len(data))
@@ -237,10 +246,8 @@ class BatchDriver:
         self.states[bid] = "intent"
         self.counts["lines"] += len(lines)
         try:
-            fid = await self.api.upload(data, filename=f"{bid}.jsonl")
-            self._set(bid, input_file_id=fid)
-            b = await self.api.create(fid, self.ep.completion_window,
-                                      {"specgen_batch": bid, "specgen_run": self.run_tag})
+            b = await self.api.submit(data, name=bid, metadata=meta,
+                                      on_file=lambda fid: self._set(bid, input_file_id=fid))
         except ApiError as err:
             if err.kind in ("timeout", "connection"):  # it may have been created: look
                 try:
@@ -291,6 +298,7 @@ class BatchDriver:
         if pid is None:
             return
         delay = min(self.ep.batch_poll_interval, 1.0)
+        last: tuple = ()
         while True:
             try:
                 b = await self.api.get(pid)
@@ -306,14 +314,17 @@ class BatchDriver:
                 continue
             status = b.get("status") or "?"
             counts = b.get("request_counts") or {}
-            self.progress[bid] = (time.time(), b.get("in_progress_at") or b.get("created_at"),
-                                  counts.get("total") or 0,
-                                  (counts.get("completed") or 0) + (counts.get("failed") or 0))
-            if status != self.states.get(bid):
+            since = b.get("in_progress_at") or b.get("created_at")
+            since = float(since) if isinstance(since, int | float) else None  # unix seconds
+            seen = (status, counts.get("completed"), counts.get("failed"))
+            if seen != last:  # the store holds the provider's progress (status --json, ETA)
+                last = seen
                 self.states[bid] = status
                 self._set(bid, state=status, completed=counts.get("completed"),
                           failed=counts.get("failed"), output_file_id=b.get("output_file_id"),
-                          error_file_id=b.get("error_file_id"))
+                          error_file_id=b.get("error_file_id"), in_progress_at=since)
+            self.progress[bid] = (time.time(), since, counts.get("total") or 0,
+                                  (counts.get("completed") or 0) + (counts.get("failed") or 0))
             if status in TERMINAL:
                 self.progress.pop(bid, None)
                 break
@@ -325,28 +336,25 @@ class BatchDriver:
         status = b["status"]
         seen: set[str] = set()
         marks: list[tuple[str, str, str]] = []
-        for fid in (b.get("output_file_id"), b.get("error_file_id")):
-            if not fid:
-                continue
-            while True:
-                try:
-                    async for raw in self.api.lines(fid):
-                        cid, result = parse_line(raw)
-                        if cid is None or cid in seen:
-                            continue
-                        seen.add(cid)
-                        marks.append(("ok" if isinstance(result, ChatResponse)
-                                      else f"error:{result.kind}", bid, cid))
-                        self._resolve(bid, cid, result)
-                        if len(seen) % HANDOVER == 0:  # let the jobs take their answers
-                            await asyncio.sleep(0)
-                        if len(marks) >= 500:
-                            self._mark(marks)
-                            marks = []
-                    break
-                except ApiError as err:  # read again; lines already handed over are skipped
-                    log.warning("reading results of batch %s: %s", bid, err)
-                    await asyncio.sleep(self.ep.batch_poll_interval)
+        while True:
+            try:
+                async for raw in self.api.results(b):
+                    cid, result = parse_line(raw)
+                    if cid is None or cid in seen:
+                        continue
+                    seen.add(cid)
+                    marks.append(("ok" if isinstance(result, ChatResponse)
+                                  else f"error:{result.kind}", bid, cid))
+                    self._resolve(bid, cid, result)
+                    if len(seen) % HANDOVER == 0:  # let the jobs take their answers
+                        await asyncio.sleep(0)
+                    if len(marks) >= 500:
+                        self._mark(marks)
+                        marks = []
+                break
+            except ApiError as err:  # read again; lines already handed over are skipped
+                log.warning("reading results of batch %s: %s", bid, err)
+                await asyncio.sleep(self.ep.batch_poll_interval)
         self._mark(marks)
         why = {"completed": "the batch answered no line for it",
                "expired": "the batch expired before the line was answered",
@@ -441,33 +449,35 @@ class BatchDriver:
         by_state: dict[str, int] = {}
         for state in self.states.values():
             by_state[state] = by_state.get(state, 0) + 1
+        etas = self.etas()
+        known = [e for e in etas.values() if e is not None]
         return {**self.counts, "by_state": by_state, "buffered": len(self.buffer),
-                "waiting": len(self.waiting), "eta_s": self.eta()}
+                "waiting": len(self.waiting), "eta_s": max(known) if known else None,
+                "eta_by_batch": etas}
 
-    def eta(self) -> float | None:
-        """Seconds until the last running batch is done, from the provider's progress (its
-        lines done since it started); None until a running batch has done some."""
-        worst = None
-        for polled, since, total, done in self.progress.values():
-            if not since or not done or not total:
-                continue
-            rate = done / max(polled - float(since), 1e-3)
-            left = (total - done) / rate - (time.time() - polled)
-            worst = max(worst or 0.0, max(left, 0.0))
-        return None if worst is None else round(worst, 1)
+    def etas(self) -> dict[str, float | None]:
+        """Each running batch's ETA (`batch_queries.batch_eta`: from the provider's progress,
+        its lines done since it went in progress); None while it has done none."""
+        now = time.time()
+        return {bid: batch_eta(total, done, since, polled, now)
+                for bid, (polled, since, total, done) in self.progress.items()}
 
     def progress_text(self) -> str:
         f = self.figures()
         states = " ".join(f"{s} {n}" for s, n in sorted(f["by_state"].items())) or "none yet"
-        eta = "" if f["eta_s"] is None else f"; batch ETA {f['eta_s']:.0f}s"
+        each = ", ".join(f"{bid} {e:.0f}s" for bid, e in f["eta_by_batch"].items()
+                         if e is not None)
+        eta = "" if f["eta_s"] is None else f"; batch ETA {f['eta_s']:.0f}s ({each})"
         return (f"batches: {states}; lines {f['waiting']:,} waiting, {f['buffered']:,} "
                 f"to submit, {f['lines_ok']:,} answered, {f['lines_failed']:,} retried{eta}")
 
 
-def parse_line(raw: bytes) -> tuple[str | None, Any]:
-    """(custom_id, a ChatResponse or an ApiError) of one result-file line."""
+def parse_line(raw: bytes | dict[str, Any]) -> tuple[str | None, Any]:
+    """(custom_id, a ChatResponse or an ApiError) of one result line: a line of a result file
+    (bytes) or an item of a results page (parsed); both `{custom_id, response: {status_code,
+    body}, error}`."""
     try:
-        obj = orjson.loads(raw)
+        obj = raw if isinstance(raw, dict) else orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None, None
     if not isinstance(obj, dict) or not isinstance(obj.get("custom_id"), str):
@@ -523,7 +533,8 @@ async def attached(engine: Any, cfg: Any, *, base_url: str, store: Any, session_
     async with BatchHttp(base_url, api_key_env=ep.api_key_env, headers=headers,
                          connect_timeout=ep.connect_timeout, files_path=ep.batch_files_path,
                          batches_path=ep.batch_batches_path,
-                         purpose=ep.batch_file_purpose, proxy=ep.proxy) as api:
+                         purpose=ep.batch_file_purpose, proxy=ep.proxy, api=ep.batch_api,
+                         completion_window=ep.completion_window) as api:
         driver = BatchDriver(cfg, store.path, api, session_id=session_id, run_tag=tag,
                              live=live)
         await driver.start()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from ..batch_queries import batch_figures
+from ..batch_queries import batch_figures, running_batches
 from .sections import Section, Table, ts, usd
 
 
@@ -21,12 +21,14 @@ def add_batch_timeline(sections: list[Section], store: Any, config: dict[str, An
             "updated_at FROM batches ORDER BY created_at").fetchall()
     except sqlite3.OperationalError:
         return
+    etas = {b["id"]: b["eta_s"] for b in running_batches(store)}
     table = Table("Batches (timeline)", ["batch", "provider id", "session", "state", "lines",
                                           "completed", "failed", "submitted", "last seen",
-                                          "took"],
+                                          "took", "ETA"],
                   [[bid, pid or "—", str(session), state, lines, completed or 0, failed or 0,
                     ts(created), ts(updated),
-                    f"{updated - created:,.0f}s" if updated and created else "—"]
+                    f"{updated - created:,.0f}s" if updated and created else "—",
+                    "—" if etas.get(bid) is None else f"{etas[bid]:,.0f}s"]
                    for bid, pid, session, state, lines, completed, failed, created, updated
                    in rows])
     target = next((s for s in sections if s.id == "budget-stop"), sections[-1])

@@ -7,6 +7,13 @@
     GET  /v1/batches/{id}           the batch object (status, request_counts, file ids)
     POST /v1/batches/{id}/cancel    cancelled at once; what was answered is in the output
 
+and OpenRouter's inline shape on the same paths (docs/batch.md, "OpenRouter"):
+
+    POST /v1/batches                {endpoint, model, completion_window, metadata, provider,
+                                    requests: [{custom_id, body}]} -> 202, status validating
+    GET  /v1/batches/{id}/results   the result lines, `limit` and `cursor` pages
+                                    ({object: list, data, has_more, next_cursor})
+
 Each line is answered by the simulator's own chat handler (`Simulator.chat`) through a
 `LineRequest` standing in for the HTTP request: the same routing, providers, faults, quirks,
 answers and usage as a live request with the same body (the cost times
@@ -189,9 +196,11 @@ class BatchApi:
                 self.get(request, rest[1])
             elif len(rest) == 3 and rest[0] == "batches" and rest[2] == "cancel" and m == "POST":
                 self.cancel(request, rest[1])
+            elif len(rest) == 3 and rest[0] == "batches" and rest[2] == "results" and m == "GET":
+                self.results(request, rest[1])
             else:
                 _json(request, 404, error_body(404, f"Not Found: {path[:200]}"))
-        except BadInput as exc:
+        except (BadInput, ValueError) as exc:  # ValueError: a limit or cursor not a number
             _json(request, 400, error_body(400, str(exc)))
         return True
 
@@ -237,25 +246,35 @@ class BatchApi:
             body = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
             raise BadInput(f"request body is not valid JSON: {exc}") from None
-        fid = body.get("input_file_id")
-        data = self.files.read(fid) if isinstance(fid, str) else None
-        if data is None:
-            raise BadInput(f"input_file_id {fid!r} does not name an uploaded file")
+        if not isinstance(body, dict):
+            raise BadInput("the request body must be a JSON object")
         if body.get("endpoint") != "/v1/chat/completions":
             raise BadInput("endpoint must be \"/v1/chat/completions\"")
+        inline = "requests" in body  # OpenRouter's shape: the lines in the body
+        fid = body.get("input_file_id")
+        if inline:
+            items = body["requests"]
+            if not isinstance(items, list) or not 1 <= len(items) <= 5000:
+                raise BadInput("requests must be an array of 1 to 5,000 requests")
+        else:
+            data = self.files.read(fid) if isinstance(fid, str) else None
+            if data is None:
+                raise BadInput(f"input_file_id {fid!r} does not name an uploaded file")
+            items = [raw for raw in data.splitlines() if raw.strip()]
         lines = []
         seen: set[str] = set()
-        for n, raw in enumerate(data.splitlines(), 1):
-            if not raw.strip():
-                continue
+        for n, raw in enumerate(items, 1):
             try:
-                line = orjson.loads(raw)
+                line = raw if inline else orjson.loads(raw)
                 cid = line["custom_id"]
                 lbody = line["body"]
             except (orjson.JSONDecodeError, KeyError, TypeError):
-                raise BadInput(f"line {n} of the input file is not a batch request") from None
+                raise BadInput(f"request {n} of the batch is not a batch request") from None
             if cid in seen:
-                raise BadInput(f"line {n}: custom_id {cid!r} is not unique")
+                raise BadInput(f"request {n}: custom_id {cid!r} is not unique")
+            if inline and (not isinstance(lbody, dict) or lbody.get("model") != body.get("model")):
+                raise BadInput(f"request {n}: its body's model is not the batch's model "
+                               f"{body.get('model')!r} (one model per batch)")
             seen.add(cid)
             lines.append((cid, orjson.dumps(lbody)))
         self.submitted += 1
@@ -272,6 +291,9 @@ class BatchApi:
             "request_counts": {"total": len(lines), "completed": 0, "failed": 0},
             "metadata": body.get("metadata") or None,
         }
+        if inline:
+            batch.update(input_file_id=None, model=body.get("model"),
+                         provider=body.get("provider"))
         self.batches[bid] = batch
         self.order.append(bid)
         headers = {k: v for k, v in request.headers.items()
@@ -281,10 +303,11 @@ class BatchApi:
         self.sim._tasks.add(task)
         task.add_done_callback(self.sim._tasks.discard)
         delay = self.sim.cfg.batch_create_delay_s
+        status = 202 if inline else 200
         if delay > 0:  # created, but the answer is late (a client killed meanwhile)
-            loop.call_later(delay, _json, request, 200, dict(batch))
+            loop.call_later(delay, _json, request, status, dict(batch))
         else:
-            _json(request, 200, batch)
+            _json(request, status, batch)
 
     def list(self, request: Request) -> None:
         q = parse_qs(request.query)
@@ -305,6 +328,26 @@ class BatchApi:
             _json(request, 404, error_body(404, f"No such batch: {bid}"))
             return
         _json(request, 200, batch)
+
+    def results(self, request: Request, bid: str) -> None:
+        """A finished batch's result lines (output, then errors), a page of `limit` from
+        the `cursor` (the offset of the page's first line)."""
+        batch = self.batches.get(bid)
+        if batch is None:
+            _json(request, 404, error_body(404, f"No such batch: {bid}"))
+            return
+        if batch["status"] not in TERMINAL:
+            raise BadInput(f"batch {bid} is {batch['status']}: its results are not ready")
+        q = parse_qs(request.query)
+        limit = max(1, min(1000, int(q.get("limit", ["100"])[0])))
+        start = int(q.get("cursor", ["0"])[0])
+        rows = [raw for key in ("output_file_id", "error_file_id") if batch.get(key)
+                for raw in (self.files.read(batch[key]) or b"").splitlines() if raw.strip()]
+        page = rows[start:start + limit]
+        more = start + limit < len(rows)
+        request.respond(200, b'{"object":"list","data":[' + b",".join(page) + b'],"has_more":'
+                        + (b"true" if more else b"false") + b',"next_cursor":'
+                        + (b'"%d"' % (start + limit) if more else b"null") + b"}")
 
     def cancel(self, request: Request, bid: str) -> None:
         batch = self.batches.get(bid)
