@@ -78,6 +78,14 @@ def sim_stats(sim: SimProcess) -> dict:
     return json.loads(body)
 
 
+def batch_run(tmp_path, sim: SimProcess, rows: int, endpoint: str = BATCH, **config):
+    """Dataset "a" of `rows` prompts, a batch-mode config against `sim`: (config, run dir)."""
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(rows))
+    path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                        endpoint=endpoint, **config)
+    return path, tmp_path / "run-dir"
+
+
 def test_batch_run_equals_live_run_id_for_id(tmp_path):
     (tmp_path / "sim.toml").write_text(sim_text())
     write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
@@ -119,10 +127,7 @@ def test_kill_9_then_rerun_submits_once(tmp_path, phase):
     delay = 3.0 if phase == "before_the_id_is_stored" else 0.0
     sim = SimProcess(tmp_path, sim_text(processing=4.0, create_delay=delay))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH)
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 40)
         proc = start_cli(path)
         try:
             if phase == "after_submission":
@@ -156,10 +161,7 @@ def test_kill_9_then_rerun_submits_once(tmp_path, phase):
 def test_failed_and_expired_lines_are_retried_in_later_batches(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=0.3, fail=0.25, expire=0.15))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH)
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 40)
         out = run_cli(path, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 40
@@ -177,10 +179,7 @@ def test_failed_and_expired_lines_are_retried_in_later_batches(tmp_path):
 def test_batch_fallback_live_answers_failed_lines_live(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=0.3, fail=0.3))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH + 'batch_fallback = "live"\n')
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 30, BATCH + 'batch_fallback = "live"\n')
         out = run_cli(path, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 30
@@ -297,10 +296,7 @@ def test_config_batch_defaults(tmp_path):
 def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=6.0))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(20))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH)
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 20)
         proc = start_cli(path)
         try:
             wait_for(lambda: (live_status(run_dir).get("batches") or {}).get("by_state"),
@@ -358,12 +354,9 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
 def test_the_dollar_cap_counts_submitted_lines_at_their_worst_case(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=0.3))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH, sampling="max_tokens = 2000")
+        path, run_dir = batch_run(tmp_path, sim, 40, sampling="max_tokens = 2000")
         text = path.read_text().replace("[engine]", "[budget]\nmax_cost_usd = 0.02\n[engine]")
         path.write_text(text)
-        run_dir = tmp_path / "run-dir"
         out = run_cli(path, timeout=300)
         assert out.returncode in (0, 5), out.stdout + out.stderr
         prices = status_json(run_dir)["prices"]
@@ -403,10 +396,8 @@ def test_preview_shows_the_batch_lines_and_the_price_against_live(tmp_path):
 def test_a_stop_before_submission_submits_nothing(tmp_path):
     sim = SimProcess(tmp_path, sim_text())
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(10))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 8"))
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 10,
+                                  BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 8"))
         proc = start_cli(path)
         try:
             wait_for(lambda: ((live_status(run_dir).get("live") or {}).get("batches") or {}
