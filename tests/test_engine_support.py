@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specgen.store import Store, unpack_ids
-from test_sim_support import SimProcess  # noqa: F401 - re-exported for the engine tests
+from test_sim_support import SimProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,6 +32,20 @@ def hostile_bench():
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+def wrong_model_sim(tmp: Path, slug: str, head: str = "") -> SimProcess:
+    """A simulator process (named "mixed") whose one provider, Mixed (fp8), answers 40% of the
+    requests as model `slug`; `head`: more of its config's top-level lines."""
+    return SimProcess(tmp, f"""
+wrong_model_slug = "{slug}"
+{head}
+[[providers]]
+name = "Mixed"
+tag = "mixed/fp8"
+quantization = "fp8"
+quirks = {{ wrong_model = 0.4 }}
+""", name="mixed")
+
+
 SPECGEN = [sys.executable, "-m", "specgen"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
