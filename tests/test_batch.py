@@ -34,6 +34,7 @@ from test_engine_support import (
     run_cli,
     start_cli,
     status_json,
+    stop_run,
     tool_rows,
     wait_for,
     write_config,
@@ -306,9 +307,7 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
             shown = status_json(run_dir)["batches"]
             assert shown["batches"] == 1 and shown["lines"] == {"waiting": 20}
             assert set(shown["by_state"]) <= {"validating", "in_progress", "finalizing"}
-            stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True,
-                                  text=True, timeout=90)
-            out, err = proc.communicate(timeout=60)
+            stop, out, err = stop_run(run_dir, proc)
         finally:
             proc.kill()
         assert stop.returncode == 0, stop.stderr
@@ -403,9 +402,7 @@ def test_a_stop_before_submission_submits_nothing(tmp_path):
             wait_for(lambda: ((live_status(run_dir).get("live") or {}).get("batches") or {}
                               ).get("buffered") == 10,
                      timeout=120, what="10 lines waiting to be submitted")
-            stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True,
-                                  text=True, timeout=90)
-            out, err = proc.communicate(timeout=60)
+            stop, out, err = stop_run(run_dir, proc)
         finally:
             proc.kill()
         assert stop.returncode == 0, stop.stderr

@@ -142,6 +142,16 @@ def start_cli(config: Path, *args: str, env: dict | None = None) -> subprocess.P
                             env={**ENV, **(env or {})})
 
 
+def stop_run(run_dir: Path, proc: subprocess.Popen
+             ) -> tuple[subprocess.CompletedProcess, str, str]:
+    """`specgen stop run_dir` as its own process, then the run's end: (the stop, the run's
+    stdout, the run's stderr)."""
+    stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True, text=True,
+                          timeout=90)
+    out, err = proc.communicate(timeout=60)
+    return stop, out, err
+
+
 def status_json(run_dir: Path) -> dict[str, Any]:
     out = subprocess.run([*SPECGEN, "status", str(run_dir), "--json"], capture_output=True,
                          text=True, timeout=60)
