@@ -79,6 +79,13 @@ def sim_stats(sim: SimProcess) -> dict:
     return json.loads(body)
 
 
+def hold_batches(sim: SimProcess, held: bool = True) -> None:
+    """While held, no batch of `sim` completes (it stays `finalizing`; a cancel still ends it):
+    what a test sees of a running batch does not race the clock of a loaded machine."""
+    status, _, _ = sim.request("POST", "/sim/batches/hold" if held else "/sim/batches/release")
+    assert status == 200
+
+
 def batch_run(tmp_path, sim: SimProcess, rows: int, endpoint: str = BATCH, **config):
     """Dataset "a" of `rows` prompts, a batch-mode config against `sim`: (config, run dir)."""
     write_jsonl(tmp_path / "a.jsonl", prompt_rows(rows))
@@ -295,9 +302,10 @@ def test_config_batch_defaults(tmp_path):
 
 
 def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
-    sim = SimProcess(tmp_path, sim_text(processing=6.0))
+    sim = SimProcess(tmp_path, sim_text(processing=1.0))
     try:
         path, run_dir = batch_run(tmp_path, sim, 20)
+        hold_batches(sim)
         proc = start_cli(path)
         try:
             wait_for(lambda: (live_status(run_dir).get("batches") or {}).get("by_state"),
@@ -314,6 +322,7 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
         assert proc.returncode == 5, out + err
         assert sim_stats(sim)["batches"]["cancelled"] == 0  # it runs on, paid for
         assert count(run_dir, "SELECT COUNT(*) FROM results") == 0
+        hold_batches(sim, False)
         out = run_cli(path, timeout=300)  # collects it
         assert out.returncode == 0, out.stdout + out.stderr
         assert "saved $" in out.stdout
@@ -328,6 +337,7 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
         path = write_config(tmp_path, sim.url, [{"name": "b", "path": "b.jsonl"}],
                             name="now", endpoint=BATCH)
         run_dir = tmp_path / "now-dir"
+        hold_batches(sim)
         proc = start_cli(path)
         try:
             wait_for(lambda: count(run_dir, "SELECT COUNT(*) FROM batches WHERE "
@@ -342,6 +352,7 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path):
         assert proc.returncode == 3, out + err
         assert "cancelled at the provider" in out + err
         assert sim_stats(sim)["batches"]["cancelled"] == 1
+        hold_batches(sim, False)
         out = run_cli(path, timeout=300)  # what the cancelled batch answered, then the rest
         assert out.returncode == 0, out.stdout + out.stderr
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 10
