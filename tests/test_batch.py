@@ -406,8 +406,9 @@ def test_preview_shows_the_batch_lines_and_the_price_against_live(tmp_path):
 def test_a_stop_before_submission_submits_nothing(tmp_path):
     sim = SimProcess(tmp_path, sim_text())
     try:
+        # the lines linger an hour: the stop comes first however slow the machine
         path, run_dir = batch_run(tmp_path, sim, 10,
-                                  BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 8"))
+                                  BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 3600"))
         proc = start_cli(path)
         try:
             wait_for(lambda: ((live_status(run_dir).get("live") or {}).get("batches") or {}
@@ -420,6 +421,8 @@ def test_a_stop_before_submission_submits_nothing(tmp_path):
         assert proc.returncode == 5, out + err
         assert sim_stats(sim)["batches"]["submitted"] == 0
         assert count(run_dir, "SELECT COUNT(*) FROM batches") == 0
+        # the rerun (the linger is no part of the results' config) submits them once
+        path.write_text(path.read_text().replace("batch_linger_s = 3600", "batch_linger_s = 0.3"))
         out = run_cli(path, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert sim_stats(sim)["batches"]["submitted"] == 1
