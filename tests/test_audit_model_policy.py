@@ -14,12 +14,12 @@ import pytest
 
 from specgen.engine.model_check import ModelCheck
 from test_engine_support import (
-    SimProcess,
     hostile_bench,
     prompt_rows,
     run_cli,
     write_config,
     write_jsonl,
+    wrong_model_sim,
 )
 
 
@@ -32,14 +32,7 @@ def test_the_author_is_part_of_the_model(model, ok):
 
 
 def test_answers_from_another_author_are_rejected_in_a_real_run(tmp_path):
-    sim = SimProcess(tmp_path, """
-wrong_model_slug = "attacker/kimi-k2.5"
-[[providers]]
-name = "Mixed"
-tag = "mixed/fp8"
-quantization = "fp8"
-quirks = { wrong_model = 0.4 }
-""", name="mixed")
+    sim = wrong_model_sim(tmp_path, "attacker/kimi-k2.5")
     try:
         write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
         path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}])

@@ -33,6 +33,7 @@ from test_engine_support import (
     run_cli,
     start_cli,
     status_json,
+    stop_run,
     tool_rows,
     wait_for,
     write_config,
@@ -86,6 +87,21 @@ def sim_stats(sim: SimProcess) -> dict:
     return json.loads(body)
 
 
+def hold_batches(sim: SimProcess, held: bool = True) -> None:
+    """While held, no batch of `sim` completes (it stays `finalizing`; a cancel still ends it):
+    what a test sees of a running batch does not race the clock of a loaded machine."""
+    status, _, _ = sim.request("POST", "/sim/batches/hold" if held else "/sim/batches/release")
+    assert status == 200
+
+
+def batch_run(tmp_path, sim: SimProcess, rows: int, endpoint: str = BATCH, **config):
+    """Dataset "a" of `rows` prompts, a batch-mode config against `sim`: (config, run dir)."""
+    write_jsonl(tmp_path / "a.jsonl", prompt_rows(rows))
+    path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
+                        endpoint=endpoint, **config)
+    return path, tmp_path / "run-dir"
+
+
 def test_batch_run_equals_live_run_id_for_id(tmp_path):
     (tmp_path / "sim.toml").write_text(sim_text())
     write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
@@ -128,10 +144,7 @@ def test_kill_9_then_rerun_submits_once(tmp_path, phase, api):
     delay = 3.0 if phase == "before_the_id_is_stored" else 0.0
     sim = SimProcess(tmp_path, sim_text(processing=4.0, create_delay=delay))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH + f'batch_api = "{api}"\n')
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 40, BATCH + f'batch_api = "{api}"\n')
         proc = start_cli(path)
         try:
             if phase == "after_submission":
@@ -168,10 +181,7 @@ def test_kill_9_then_rerun_submits_once(tmp_path, phase, api):
 def test_failed_and_expired_lines_are_retried_in_later_batches(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=0.3, fail=0.25, expire=0.15))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH)
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 40)
         out = run_cli(path, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 40
@@ -189,10 +199,7 @@ def test_failed_and_expired_lines_are_retried_in_later_batches(tmp_path):
 def test_batch_fallback_live_answers_failed_lines_live(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=0.3, fail=0.3))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(30))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH + 'batch_fallback = "live"\n')
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 30, BATCH + 'batch_fallback = "live"\n')
         out = run_cli(path, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 30
@@ -309,13 +316,11 @@ def test_config_batch_defaults(tmp_path):
 
 @pytest.mark.parametrize("api", ["openai", "openrouter"])
 def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path, api):
-    sim = SimProcess(tmp_path, sim_text(processing=10.0))
+    sim = SimProcess(tmp_path, sim_text(processing=1.0))
     endpoint = BATCH + f'batch_api = "{api}"\n'
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(20))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=endpoint)
-        run_dir = tmp_path / "run-dir"
+        path, run_dir = batch_run(tmp_path, sim, 20, endpoint)
+        hold_batches(sim)
         proc = start_cli(path)
         try:
             wait_for(lambda: live_batches(run_dir).get("eta_s") is not None, timeout=120,
@@ -323,15 +328,14 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path, api):
             shown = status_json(run_dir)["batches"]
             assert shown["batches"] == 1 and shown["lines"] == {"waiting": 20}
             assert set(shown["by_state"]) <= {"validating", "in_progress", "finalizing"}
-            stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True,
-                                  text=True, timeout=90)
-            out, err = proc.communicate(timeout=60)
+            stop, out, err = stop_run(run_dir, proc)
         finally:
             proc.kill()
         assert stop.returncode == 0, stop.stderr
         assert proc.returncode == 5, out + err
         assert sim_stats(sim)["batches"]["cancelled"] == 0  # it runs on, paid for
         assert count(run_dir, "SELECT COUNT(*) FROM results") == 0
+        hold_batches(sim, False)
         out = run_cli(path, timeout=300)  # collects it
         assert out.returncode == 0, out.stdout + out.stderr
         assert "saved $" in out.stdout
@@ -346,6 +350,7 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path, api):
         path = write_config(tmp_path, sim.url, [{"name": "b", "path": "b.jsonl"}],
                             name="now", endpoint=endpoint)
         run_dir = tmp_path / "now-dir"
+        hold_batches(sim)
         proc = start_cli(path)
         try:
             wait_for(lambda: count(run_dir, "SELECT COUNT(*) FROM batches WHERE "
@@ -360,6 +365,7 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path, api):
         assert proc.returncode == 3, out + err
         assert "cancelled at the provider" in out + err
         assert sim_stats(sim)["batches"]["cancelled"] == 1
+        hold_batches(sim, False)
         out = run_cli(path, timeout=300)  # what the cancelled batch answered, then the rest
         assert out.returncode == 0, out.stdout + out.stderr
         assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == 10
@@ -371,12 +377,9 @@ def test_stop_leaves_batches_running_and_stop_now_cancels_them(tmp_path, api):
 def test_the_dollar_cap_counts_submitted_lines_at_their_worst_case(tmp_path):
     sim = SimProcess(tmp_path, sim_text(processing=0.3))
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH, sampling="max_tokens = 2000")
+        path, run_dir = batch_run(tmp_path, sim, 40, sampling="max_tokens = 2000")
         text = path.read_text().replace("[engine]", "[budget]\nmax_cost_usd = 0.02\n[engine]")
         path.write_text(text)
-        run_dir = tmp_path / "run-dir"
         out = run_cli(path, timeout=300)
         assert out.returncode in (0, 5), out.stdout + out.stderr
         prices = status_json(run_dir)["prices"]
@@ -416,23 +419,22 @@ def test_preview_shows_the_batch_lines_and_the_price_against_live(tmp_path):
 def test_a_stop_before_submission_submits_nothing(tmp_path):
     sim = SimProcess(tmp_path, sim_text())
     try:
-        write_jsonl(tmp_path / "a.jsonl", prompt_rows(10))
-        path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}],
-                            endpoint=BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 8"))
-        run_dir = tmp_path / "run-dir"
+        # the lines linger an hour: the stop comes first however slow the machine
+        path, run_dir = batch_run(tmp_path, sim, 10,
+                                  BATCH.replace("batch_linger_s = 0.3", "batch_linger_s = 3600"))
         proc = start_cli(path)
         try:
             wait_for(lambda: live_batches(run_dir).get("buffered") == 10,
                      timeout=120, what="10 lines waiting to be submitted")
-            stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True,
-                                  text=True, timeout=90)
-            out, err = proc.communicate(timeout=60)
+            stop, out, err = stop_run(run_dir, proc)
         finally:
             proc.kill()
         assert stop.returncode == 0, stop.stderr
         assert proc.returncode == 5, out + err
         assert sim_stats(sim)["batches"]["submitted"] == 0
         assert count(run_dir, "SELECT COUNT(*) FROM batches") == 0
+        # the rerun (the linger is no part of the results' config) submits them once
+        path.write_text(path.read_text().replace("batch_linger_s = 3600", "batch_linger_s = 0.3"))
         out = run_cli(path, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert sim_stats(sim)["batches"]["submitted"] == 1

@@ -6,10 +6,12 @@ import asyncio
 import functools
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import formatdate
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -49,10 +51,12 @@ Handler = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
 
 
 class Server:
-    """An aiohttp server whose every request is answered by `handler(request, json_body)`."""
+    """An aiohttp server whose every request is answered by `handler(request, json_body)`;
+    https with `tls` = (certificate, key)."""
 
-    def __init__(self, handler: Handler | None = None):
+    def __init__(self, handler: Handler | None = None, tls: tuple[Path, Path] | None = None):
         self.handler = handler
+        self.tls = tls
         self.seen: list[Seen] = []
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -68,7 +72,11 @@ class Server:
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        context = None
+        if self.tls:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return self
@@ -78,7 +86,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
 
 
 def chunk(**delta: Any) -> dict:

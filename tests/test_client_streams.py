@@ -275,29 +275,11 @@ def test_batched_reads_over_tls(loop: str, tls_files, monkeypatch) -> None:
     pieces = one_per_write(*[chunk(content=t) for t in TOKENS], FINISH, USAGE, "[DONE]")
 
     async def main() -> None:
-        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server_ctx.load_cert_chain(str(cert), str(key))
-        handler = stream_handler(pieces, pause=0.003)
-
-        async def route(request: web.Request) -> web.StreamResponse:
-            await request.read()
-            return await handler(request, None)
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", route)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
+        async with Server(stream_handler(pieces, pause=0.003), tls=(cert, key)) as server:
             with counted_feeds() as feeds:
-                async with ChatClient(f"https://127.0.0.1:{port}/v1",
-                                      stream_tick=0.05) as client:
+                async with ChatClient(server.url, stream_tick=0.05) as client:
                     first = await client.chat({**BODY, "stream": True})
                     second = await client.chat({**BODY, "stream": True})
-        finally:
-            await runner.cleanup()
         assert first.content == second.content == "".join(TOKENS)
         assert feeds[0] * 3 < 2 * len(pieces), feeds  # read in batches through TLS too
         assert first.usage == USAGE["usage"] and first.finish_reason == "stop"

@@ -21,6 +21,7 @@ from test_engine_support import (
     wait_for,
     write_config,
     write_jsonl,
+    wrong_model_sim,
 )
 
 CLEAN = """
@@ -174,15 +175,7 @@ def test_a_dead_endpoint_stops_with_the_reason_and_work_pending(tmp_path):
 
 
 def test_answers_from_another_model_never_become_samples(tmp_path):
-    sim = SimProcess(tmp_path, """
-wrong_model_slug = "meta-llama/llama-3-8b"
-""" + CLEAN + """
-[[providers]]
-name = "Mixed"
-tag = "mixed/fp8"
-quantization = "fp8"
-quirks = { wrong_model = 0.4 }
-""", name="mixed")
+    sim = wrong_model_sim(tmp_path, "meta-llama/llama-3-8b", CLEAN)
     try:
         write_jsonl(tmp_path / "a.jsonl", prompt_rows(40))
         path = write_config(tmp_path, sim.url, [{"name": "a", "path": "a.jsonl"}])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specgen.store import Store, unpack_ids
-from test_sim_support import SimProcess  # noqa: F401 - re-exported for the engine tests
+from test_sim_support import SimProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +37,20 @@ def bench_module(stem: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+def wrong_model_sim(tmp: Path, slug: str, head: str = "") -> SimProcess:
+    """A simulator process (named "mixed") whose one provider, Mixed (fp8), answers 40% of the
+    requests as model `slug`; `head`: more of its config's top-level lines."""
+    return SimProcess(tmp, f"""
+wrong_model_slug = "{slug}"
+{head}
+[[providers]]
+name = "Mixed"
+tag = "mixed/fp8"
+quantization = "fp8"
+quirks = {{ wrong_model = 0.4 }}
+""", name="mixed")
+
+
 SPECGEN = [sys.executable, "-m", "specgen"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -131,6 +145,16 @@ def start_cli(config: Path, *args: str, env: dict | None = None) -> subprocess.P
     return subprocess.Popen([*SPECGEN, "run", str(config), "--no-live", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**ENV, **(env or {})})
+
+
+def stop_run(run_dir: Path, proc: subprocess.Popen
+             ) -> tuple[subprocess.CompletedProcess, str, str]:
+    """`specgen stop run_dir` as its own process, then the run's end: (the stop, the run's
+    stdout, the run's stderr)."""
+    stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True, text=True,
+                          timeout=90)
+    out, err = proc.communicate(timeout=60)
+    return stop, out, err
 
 
 def status_json(run_dir: Path) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import asyncio
 import ssl
 
 import pytest
-from aiohttp import web
 
 from proxy_server import ProxyServer
 from specgen.client import ApiError, ChatClient
@@ -191,27 +190,9 @@ def test_https_through_a_connect_tunnel(stream_tick, loop, tls_files, monkeypatc
     monkeypatch.setattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED", trusted)
 
     async def main(proxy: ProxyServer) -> None:
-        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server_ctx.load_cert_chain(str(cert), str(key))
-        handler = stream_handler(STREAM)
-        seen = []
-
-        async def route(request: web.Request) -> web.StreamResponse:
-            seen.append(dict(request.headers))
-            await request.read()
-            return await handler(request, None)
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", route)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         env = {"HTTPS_PROXY": proxy.url("alice", "hunter22"), "HTTP_PROXY": "http://unused:1"}
-        try:
-            async with ChatClient(f"https://127.0.0.1:{port}/v1", stream_tick=stream_tick,
-                                  env=env) as client:
+        async with Server(stream_handler(STREAM), tls=(cert, key)) as server:
+            async with ChatClient(server.url, stream_tick=stream_tick, env=env) as client:
                 assert (client._pool is not None) == (stream_tick > 0)
                 for _ in range(3):
                     r = await client.chat({**BODY, "stream": True})
@@ -221,10 +202,9 @@ def test_https_through_a_connect_tunnel(stream_tick, loop, tls_files, monkeypatc
                 if stream_tick and loop == "asyncio":  # held and read by the tick, directly
                     held = [c for c in client._pool._conns if c.reader is not None]
                     assert held and all(c.read_step is not None for c in held)
-        finally:
-            await runner.cleanup()
-        assert proxy.targets and set(proxy.targets) == {f"127.0.0.1:{port}"}
+        assert proxy.targets and set(proxy.targets) == {f"127.0.0.1:{server.port}"}
         assert 1 <= proxy.tunnels <= 5 and proxy.forwarded == 0, proxy.tunnels
+        seen = [s.headers for s in server.seen]
         assert len(seen) == 7 and not any("Proxy-Authorization" in h for h in seen)
 
     with ProxyServer("alice", "hunter22") as proxy:

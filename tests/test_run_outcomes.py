@@ -38,19 +38,24 @@ commit_interval = 0.05
     return str(path)
 
 
+def one_dataset(tmp, rows: list[dict], head: str = "", name: str = "p", keys: str = "",
+                endpoint: str = "") -> str:
+    """`rows` in {name}.jsonl and a config of that one dataset (its `keys`), after `head`."""
+    write_jsonl(tmp / f"{name}.jsonl", rows)
+    return config(tmp, f'{head}[[dataset]]\nname = "{name}"\npath = "{name}.jsonl"\n{keys}',
+                  endpoint=endpoint)
+
+
+SKIP_INVALID_OPENAI = 'format = "openai"\nskip_invalid = true\n'
+
+
 def cli(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([*SPECGEN, *args], capture_output=True, text=True, timeout=180,
                           cwd=cwd, env=ENV)
 
 
 def test_every_row_invalid_is_unproductive_and_names_the_format(tmp_path):
-    write_jsonl(tmp_path / "sg.jsonl", sharegpt_rows(30))
-    cfg = config(tmp_path, """[[dataset]]
-name = "sg"
-path = "sg.jsonl"
-format = "openai"
-skip_invalid = true
-""")
+    cfg = one_dataset(tmp_path, sharegpt_rows(30), name="sg", keys=SKIP_INVALID_OPENAI)
     for _ in range(2):  # a rerun without a change does not turn it into "finished"
         out = cli("run", cfg, "--no-live", cwd=tmp_path)
         assert out.returncode == 6, out.stdout + out.stderr
@@ -82,13 +87,7 @@ skip_invalid = true
 
 
 def test_all_answers_cut_stays_unproductive_across_reruns(tmp_path):
-    write_jsonl(tmp_path / "p.jsonl", plain_rows(24))
-    cfg = config(tmp_path, """[sampling]
-max_tokens = 5
-[[dataset]]
-name = "p"
-path = "p.jsonl"
-""")
+    cfg = one_dataset(tmp_path, plain_rows(24), "[sampling]\nmax_tokens = 5\n")
     out = cli("run", cfg, "--no-live", cwd=tmp_path)
     assert out.returncode == 5, out.stdout + out.stderr  # the length alarm
     for args in (("--ack-alarm", "length"), ()):  # acknowledged once, it stays so
@@ -130,26 +129,14 @@ path = "b.jsonl"
 
 
 def test_min_kept_share_is_validated(tmp_path):
-    write_jsonl(tmp_path / "p.jsonl", plain_rows(2))
-    cfg = config(tmp_path, """[quality]
-min_kept_share = 1.5
-[[dataset]]
-name = "p"
-path = "p.jsonl"
-""")
+    cfg = one_dataset(tmp_path, plain_rows(2), "[quality]\nmin_kept_share = 1.5\n")
     out = cli("run", cfg, "--no-live", cwd=tmp_path)
     assert out.returncode == 2
     assert "quality.min_kept_share must be a share in [0, 1], got 1.5" in out.stderr
 
 
 def test_export_and_verify_of_a_run_without_samples_say_so(tmp_path):
-    write_jsonl(tmp_path / "sg.jsonl", sharegpt_rows(5))
-    cfg = config(tmp_path, """[[dataset]]
-name = "sg"
-path = "sg.jsonl"
-format = "openai"
-skip_invalid = true
-""")
+    cfg = one_dataset(tmp_path, sharegpt_rows(5), name="sg", keys=SKIP_INVALID_OPENAI)
     assert cli("run", cfg, "--no-live", cwd=tmp_path).returncode == 6
     for fmt in ("tokens", "specforge"):
         out = cli("export", "run-dir", "--format", fmt, cwd=tmp_path)
@@ -164,11 +151,7 @@ skip_invalid = true
 
 
 def test_a_text_export_does_not_claim_the_backends_ids(tmp_path):
-    write_jsonl(tmp_path / "p.jsonl", plain_rows(4))
-    cfg = config(tmp_path, """[[dataset]]
-name = "p"
-path = "p.jsonl"
-""", endpoint="return_token_ids = true")
+    cfg = one_dataset(tmp_path, plain_rows(4), endpoint="return_token_ids = true")
     assert cli("run", cfg, "--no-live", cwd=tmp_path).returncode == 0
     tokens = cli("export", "run-dir", "--format", "tokens", cwd=tmp_path)
     assert tokens.returncode == 0 and "4 of them as the backend's own ids" in tokens.stdout

@@ -23,6 +23,7 @@ from test_engine_support import (
     run_cli,
     start_cli,
     status_json,
+    stop_run,
     wait_for,
     write_config,
     write_jsonl,
@@ -142,9 +143,7 @@ def test_specgen_stop_from_another_shell(tmp_path, sim_slow, sim_stuck):
     proc = start_cli(path)
     try:
         wait_for(lambda: count(run_dir, "SELECT COUNT(*) FROM results") >= 4, what="results")
-        stop = subprocess.run([*SPECGEN, "stop", str(run_dir)], capture_output=True,
-                              text=True, timeout=90)
-        out, err = proc.communicate(timeout=60)
+        stop, out, err = stop_run(run_dir, proc)
     finally:
         proc.kill()
     assert stop.returncode == 0, stop.stderr

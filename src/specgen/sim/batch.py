@@ -19,7 +19,8 @@ Each line is answered by the simulator's own chat handler (`Simulator.chat`) thr
 answers and usage as a live request with the same body (the cost times
 `batch_price_factor`). `batch_create_delay_s` delays the answer to POST /v1/batches (the
 batch exists at once). The batch is `validating`, then `in_progress` while its lines run, and
-completes no sooner than `batch_processing_s` after it was created. `batch_line_fail_rate`
+completes no sooner than `batch_processing_s` after it was created, and not while batches are
+held (`POST /sim/batches/hold` until `POST /sim/batches/release`). `batch_line_fail_rate`
 answers a share of lines with an error line instead; `batch_expire_rate` leaves a share
 unanswered and ends the batch `expired`. Every `POST /v1/batches` is counted
 (`/sim/stats` -> `batches.submitted`).
@@ -152,6 +153,7 @@ class BatchApi:
         self.submitted = 0
         self.cancelled = 0
         self.lines = 0
+        self.held = False  # no batch completes while held (a cancel still ends it)
         self._n = 0
 
     def stats(self) -> dict[str, int]:
@@ -160,6 +162,16 @@ class BatchApi:
             by_state[b["status"]] = by_state.get(b["status"], 0) + 1
         return {"submitted": self.submitted, "lines": self.lines, "cancelled": self.cancelled,
                 "files": len(self.files), "by_state": by_state}
+
+    def hold(self, request: Request) -> None:
+        """POST /sim/batches/hold: batches run their lines but stay `finalizing` (tests)."""
+        self.held = True
+        _json(request, 200, {"held": True})
+
+    def release(self, request: Request) -> None:
+        """POST /sim/batches/release: held batches complete (after `batch_processing_s`)."""
+        self.held = False
+        _json(request, 200, {"held": False})
 
     def _id(self, kind: str) -> str:
         self._n += 1
@@ -417,8 +429,8 @@ class BatchApi:
         batch["status"] = "finalizing"
         batch["finalizing_at"] = int(time.time())
         rest = cfg.batch_processing_s - (loop.time() - started)
-        while rest > 0 and not batch.get("_cancel"):
-            await asyncio.sleep(min(rest, 0.1))
+        while (rest > 0 or self.held) and not batch.get("_cancel"):
+            await asyncio.sleep(min(rest, 0.1) if rest > 0 else 0.1)
             rest = cfg.batch_processing_s - (loop.time() - started)
         if batch.get("_cancel"):
             return self._end(batch, out, err, "cancelled")

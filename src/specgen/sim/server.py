@@ -174,6 +174,8 @@ class Simulator:
                 prefix + "/generation": ("GET", self.generation),
             })
         self.batch_api = BatchApi(self)  # /v1/files and /v1/batches (specgen.sim.batch)
+        self._routes.update({"/sim/batches/hold": ("POST", self.batch_api.hold),
+                             "/sim/batches/release": ("POST", self.batch_api.release)})
         self.tokens = TokenEndpoints(self)  # token-in: vLLM /v1/completions, SGLang /generate
         self._routes.update(self.tokens.routes())
 
