@@ -10,7 +10,12 @@ from pathlib import Path
 from ..conversation import AssistantMessage, Conversation
 from ..errors import ConfigError
 from ..quality.witness_from import read_deltas
-from ..queries import failed_tasks_by_class, prompt_shape_deltas, vouched_deltas
+from ..queries import (
+    failed_tasks_by_class,
+    pending_completions,
+    prompt_shape_deltas,
+    vouched_deltas,
+)
 from ..store import unpack_json
 from .progress import RowCounter
 from .providers import read_excluded
@@ -31,6 +36,9 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
         store, names).items()})
     for provider, dp, dc in vouched_deltas(store):
         engine.witness.seed(provider, dp, dc)
+    for provider, task, p_check, theirs, dc, n, repairs in pending_completions(store):
+        engine.witness.seed_open(provider, task, theirs=theirs, delta=dc, stored=n,
+                                 prompt_check=p_check or "unverified", repairs=repairs)
     for provider, shape, dp, p_check, task, c_check in prompt_shape_deltas(store):
         engine.witness.seed_shape(provider, shape, dp, tools=False, key=task,
                                   pending=p_check == "pending",

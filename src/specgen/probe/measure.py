@@ -28,7 +28,7 @@ from ..conversation import Tool
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair
 from ..quality.schema import schema_problem
-from ..quality.shapes import combine, shape_signature
+from ..quality.shapes import shape_signature
 from ..quality.witness import CountWitness
 
 
@@ -166,9 +166,9 @@ def judge_witness(observations: Iterable[Observation]) -> None:
                           repair=o.repair, shape=o.shape or "", tools=o.has_tools, key=i)
         o.witness, o.witness_detail = v.check, v.detail
         o.prompt_delta, o.prompt_check = v.prompt_delta, v.prompt_check
-    for r in [*witness.shapes.take_resolved(), *witness.shapes.settle()]:
-        o = obs[r.key]  # a shape's rendering known later (or settled): judged again
-        o.prompt_check, o.witness = r.prompt_check, combine(r.completion_check, r.prompt_check)
+    for r in [*witness.take_resolved(), *witness.settle()]:
+        o = obs[r.key]  # an offset or a shape's rendering known later (or settled)
+        o.prompt_check, o.witness = r.prompt_check, r.count_check
 
 
 def _share(num: int, den: int) -> float | None:
