@@ -186,7 +186,7 @@ class CountWitness:
             if verdict is not None:
                 candidates = None
             else:
-                verdict = _provisional(candidates)
+                verdict = Verdict("exact")  # ours, unchanged meanwhile
         verdict.settled = settled
         if candidates is None:
             _learn_every(every, verdict, theirs_c, dc, c_off)
@@ -211,10 +211,10 @@ class CountWitness:
         sides = dict(prompt_check=p_check, completion_check=c_check, prompt_delta=dp,
                      completion_delta=dc, shape=shape)
         if candidates is not None:
-            self.open[key if key is not None else object()] = _Open(provider, candidates, p_check, list(verdict.repairs),
-                                   theirs_c, dc)
-            if cs.state()[0] != "learning":
-                self._resolve_completion(provider)
+            self.open[key if key is not None else object()] = _Open(
+                provider, candidates, p_check, theirs_c, dc)
+        if c_state == "learning" and cs.state()[0] != "learning":  # this answer taught it
+            self._resolve_completion(provider)
         if problems:
             return Verdict("mismatch", "; ".join(problems), settled=settled, **sides)
         if fixed_prompt is not None and p_check == "repaired":
@@ -267,7 +267,7 @@ class CountWitness:
             p = "unjudged" if c == "mismatch" and o.prompt_check != "mismatch" \
                 else o.prompt_check
             self.resolved.append(Resolution(
-                key, combine(c, p if p != "unjudged" else "exact"), p, c, v, o.provisional))
+                key, combine(c, p if p != "unjudged" else "exact"), p, c, v))
 
     def take_resolved(self) -> list[Resolution]:
         """The samples judged again since the last call (both sides final)."""
@@ -309,7 +309,7 @@ class CountWitness:
             o: Verdict(check, repairs=list(repairs)) if o == at else
             Verdict("mismatch", f"completion: ours {stored}, provider {theirs} (expected "
                                 f"offset {o:+d})") for o in OFFSETS},
-            prompt_check, list(repairs), theirs, delta)
+            prompt_check, theirs, delta)
         if self._side(provider, "completion").state()[0] != "learning":
             self._resolve_completion(provider)
 
@@ -358,7 +358,6 @@ class _Open:
     provider: str
     candidates: dict[int, Verdict]
     prompt_check: str
-    provisional: list[str]  # the repairs of the verdict the sample was stored with
     theirs: int  # the provider's completion count
     delta: int  # provider − ours (before any repair)
 
@@ -373,7 +372,6 @@ class Resolution:
     prompt_check: str
     completion_check: str
     completion: Verdict | None = None
-    provisional: list[str] = field(default_factory=list)
 
 
 def _completion_side(completion: int, theirs: int, dc: int, offset: int,
@@ -396,16 +394,6 @@ def _agreed(candidates: dict[int, Verdict]) -> Verdict | None:
     if all(v.check == first.check and v.ids == first.ids for v in candidates.values()):
         return first
     return None
-
-
-def _provisional(candidates: dict[int, Verdict]) -> Verdict:
-    """What a pending sample is stored with meanwhile: its verdict at the offset nearest 0
-    that explains it (the ids its next turn holds), or ours unchanged."""
-    for o in sorted(candidates, key=abs):
-        v = candidates[o]
-        if v.check != "mismatch":
-            return Verdict(v.check, v.detail, list(v.repairs), v.message, v.ids)
-    return Verdict("exact")
 
 
 def _learn_every(every: Side, verdict: Verdict, theirs: int, dc: int, offset: int) -> None:

@@ -72,7 +72,7 @@ class AnswerPipeline:
         if outcome is None:
             raise RuntimeError("the answer path ended without an outcome (no record stage)")
         outcome = self.breaker.judge(outcome)
-        if isinstance(outcome, Kept) and outcome.count_check == "pending":
+        if isinstance(outcome, Kept) and a.verdict is not None and a.verdict.check == "pending":
             self.rejudge.hold(outcome.record, response_json(resp))
         decisions = self.monitor.observe(observation(a, outcome, self.ctx))
         changes = tuple(self.rejudge.take())

@@ -81,32 +81,37 @@ class Rejudge:
             return None  # not stored (e.g. quarantined by a later stage): nothing to change
         response = held[1] if held is not None else _stored_response(record)
         message, input_ids, repairs = _completion_fix(record, r)
+        true_ids = record.count_check == "true_ids"
+        if true_ids:  # the backend's ids are the sample: the verdict on ours is measured
+            repairs = orjson.dumps([f"witness:{r.count_check}" if x == "witness:pending"
+                                    else x for x in orjson.loads(repairs or record.repairs
+                                                                 or "[]")]).decode()
+        after = "true_ids" if true_ids else r.count_check
         base = dict(task=record.task, dataset=record.dataset, provider=record.provider,
-                    before=record.count_check or "pending", after=r.count_check,
+                    before=record.count_check or "pending", after=after,
                     this_session=held is not None)
-        if r.count_check == "mismatch" and self.on_count_mismatch == "quarantine":
+        if after == "mismatch" and self.on_count_mismatch == "quarantine":
             q = Quarantined("count_mismatch", _figures(record, r))
             return Change(**base, quarantine=QuarantineRecord(
                 task=record.task, dataset=record.dataset, provider=record.provider,
                 reason=q.reason, response=pack_json(response), created_at=time.time(),
                 detail=q.detail_json()))
         return Change(**base, verdict=VerdictRecord(
-            task=record.task, count_check=r.count_check, prompt_check=r.prompt_check,
+            task=record.task, count_check=after, prompt_check=r.prompt_check,
             completion_check=r.completion_check, message=message, input_ids=input_ids,
             repairs=repairs))
 
 
 def _completion_fix(record: ResultRecord, r: Resolution
                     ) -> tuple[str | None, bytes | None, str | None]:
-    """The row's message, ids and repairs when the completion's final verdict is another
-    repair than the one the sample was stored with (None, None, None: unchanged)."""
+    """The row's message, ids and repairs when the completion's final verdict is a repair (a
+    sample waiting for its offset is stored with our ids unchanged; None, None, None: they
+    stay)."""
     v = r.completion
-    if v is None or v.check != "repaired" or v.ids is None or v.message is None \
-            or list(v.repairs) == list(r.provisional):
+    if v is None or v.check != "repaired" or v.ids is None or v.message is None:
         return None, None, None
     ids = unpack_ids(record.input_ids)[:record.n_prompt]
-    old = [x for x in orjson.loads(record.repairs or "[]")
-           if x not in {f"count:{n}" for n in r.provisional}]
+    old = orjson.loads(record.repairs or "[]")
     return (jsonexact.dumps(v.message.to_openai()).decode(),
             pack_ids(array("I", ids) + array("I", v.ids)),
             orjson.dumps([*old, *(f"count:{n}" for n in v.repairs)]).decode())
