@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..conversation import AssistantMessage, Conversation
 from ..errors import ConfigError
-from ..quality.witness_from import read_deltas
+from ..quality.witness_from import read_deltas, read_offsets
 from ..queries import (
     failed_tasks_by_class,
     pending_completions,
@@ -169,7 +169,7 @@ def _load_probe_deltas(engine, cfg) -> None:
         if not path.is_file():
             return
     try:
-        learnt = read_deltas(path)
+        learnt, offsets = read_deltas(path), read_offsets(path)
     except ConfigError as exc:
         if given:
             raise
@@ -177,5 +177,7 @@ def _load_probe_deltas(engine, cfg) -> None:
         return
     for provider, shape, delta in learnt:
         engine.witness.shapes.learn(provider, shape, delta, tools=False)
+    for provider, offset in offsets.items():
+        engine.witness.learn_offset(provider, offset)
     log.info("%s %s: %d prompt delta(s) per provider and request shape",
              "witness_from" if given else "probe", path, len(learnt))

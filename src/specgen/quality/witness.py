@@ -297,6 +297,14 @@ class CountWitness:
         del prompt_delta  # the prompt side is learnt per request shape (seed_shape)
         self._side(provider, "completion").add(completion_delta)
 
+    def learn_offset(self, provider: str, offset: int) -> None:
+        """A provider's completion counting offset measured beforehand (`specgen probe`):
+        known at once, so its first answers are judged on arrival."""
+        side = self._side(provider, "completion")
+        for _ in range(max(0, WARMUP - len(side.deltas))):
+            side.add(offset)
+        self._resolve_completion(provider)
+
     def seed_open(self, provider: str, key: Any, *, theirs: int, delta: int, stored: int,
                   prompt_check: str, repairs: list[str]) -> None:
         """An earlier session's sample stored with its completion side waiting (`stored`
