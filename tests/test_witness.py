@@ -193,3 +193,62 @@ def test_a_resumed_run_judges_the_samples_an_earlier_session_left_pending():
     got = {r.key: r.prompt_check for r in book.take_resolved()}
     assert got == {1: "rendering", 3: "mismatch"}
     assert book.settle() == []
+
+
+def _answers(renderer):
+    """Realistic answers of two providers: plain ones, compact arguments counted in the
+    model's spaced form, inserted whitespace of a token or two (a small repair, which only
+    the provider's known offset can tell from its counting); "F" counts one token more."""
+    spaced = AssistantMessage(content="", reasoning="r", tool_calls=(
+        ToolCall("functions.add:0", "add", '{"a": 2, "b": 3}'),))
+    compact = AssistantMessage(content="", reasoning="r", tool_calls=(
+        ToolCall("functions.add:0", "add", '{"a":2,"b":3}'),))
+    model = AssistantMessage(content="The answer is 5.", reasoning="2 + 3")
+    padded = AssistantMessage(content="\n\nThe answer is 5.", reasoning="2 + 3")
+    plain = AssistantMessage(content="It is 5.", reasoning="sum")
+    render = renderer.completion_ids
+    out = []
+    for provider, offset in (("F", 1), ("Z", 0)):
+        for _ in range(3):
+            out.append((provider, compact, len(render(spaced)) + offset))
+            out.append((provider, padded, len(render(model)) + offset))
+        for _ in range(WARMUP):
+            out.append((provider, None, len(render(plain)) + offset))
+    assert 0 < len(render(padded)) - len(render(model)) <= MAX_OFFSET  # a small repair
+    return out, render, plain
+
+
+def _final_verdicts(answers, render, plain, order):
+    w = CountWitness()
+    final = {}
+    for key in order:
+        provider, message, theirs = answers[key]
+        ours = len(render(message if message is not None else plain))
+        repair = None if message is None else (
+            lambda n, m=message: count_repair(m, n, render))
+        v = w.judge(provider, prompt=100, completion=ours, usage=usage(100, theirs),
+                    repair=repair, key=key)
+        final[key] = (v.check, v.completion_check, v.ids)
+        for r in w.take_resolved():
+            c = r.completion
+            final[r.key] = (r.count_check, r.completion_check, c.ids if c else None)
+    for r in w.settle():
+        c = r.completion
+        final[r.key] = (r.count_check, r.completion_check, c.ids if c else None)
+    return final
+
+
+def test_completion_verdicts_do_not_depend_on_the_order_answers_arrive(renderer):
+    import random
+
+    answers, render, plain = _answers(renderer)
+    forward = list(range(len(answers)))
+    shuffled = forward[:]
+    random.Random(21).shuffle(shuffled)
+    got = [_final_verdicts(answers, render, plain, order)
+           for order in (forward, forward[::-1], shuffled)]
+    assert got[0] == got[1] == got[2]
+    # and every right completion is kept, the small whitespace repair included
+    assert {k: v[0] for k, v in got[0].items()} == {
+        k: "exact" if m is None else "repaired" for k, (_, m, _) in enumerate(answers)}
+    assert all(v[1] != "pending" for v in got[0].values())
