@@ -11,6 +11,7 @@ import pytest
 
 from specgen.engine.status import conversation_lines, run_status
 from specgen.export.snapshot import read_snapshot
+from specgen.judgement import judge
 from specgen.quality.witness import UNUSABLE_AFTER
 from specgen.report.stats import collect
 from specgen.store import Store
@@ -187,9 +188,26 @@ def test_a_prompt_that_is_not_the_shapes_rendering_is_a_mismatch(tmp_path):
     assert "pending" not in checks  # every sample has its final verdict
     assert sides <= {("rendering", 20)}
     # a compressed prompt judged once the shape was known is quarantined; one that arrived
-    # while it was pending is marked mismatch when judged again (kept out of exports)
-    assert st["quarantine_reasons"].get("count_mismatch", 0) + checks.get("mismatch", 0) >= 3
-    assert st["quarantine_reasons"].get("count_mismatch", 0) >= 1, (st, checks)
+    # while it was pending is quarantined too when judged again: moved out of the results
+    assert "mismatch" not in checks, checks
+    assert st["quarantine_reasons"].get("count_mismatch", 0) >= 3, (st, checks)
+    with Store.open(cfg.run_dir) as s:
+        again = s.conn.execute("SELECT q.task, t.status FROM quarantine q JOIN tasks t ON "
+                               "t.id = q.task WHERE q.detail LIKE '%judged again%'").fetchall()
+        (quarantined_tasks,) = s.conn.execute(
+            "SELECT COUNT(*) FROM tasks WHERE status = 'quarantined'").fetchone()
+        (orphans,) = s.conn.execute("SELECT COUNT(*) FROM results r JOIN quarantine q ON "
+                                    "q.task = r.task").fetchone()
+        stored = dict(s.conn.execute("SELECT provider, COUNT(*) FROM results GROUP BY 1"))
+    assert again and {status for _, status in again} == {"quarantined"}, again
+    assert orphans == 0  # a moved sample is no longer a result
+    # status, the run's judgement and the session's own figures count it the same
+    assert st["quarantined"] == quarantined_tasks and st["done"] == sum(checks.values())
+    assert judge(Store.open(cfg.run_dir)).quarantined == quarantined_tasks
+    live = json.loads((cfg.run_dir / "live.json").read_text())
+    assert {p: sum(v["count_checks"].values()) for p, v in live["providers"].items()
+            if v["count_checks"]} == stored
+    assert {p: v["ok"] for p, v in live["providers"].items() if v["ok"]} == stored
     with Store.open(cfg.run_dir) as s:
         (detail,) = s.conn.execute("SELECT error FROM attempts WHERE outcome LIKE "
                                    "'quarantined:count_mismatch%' LIMIT 1").fetchone()
@@ -223,7 +241,8 @@ def test_a_resumed_run_keeps_the_learned_offsets(tmp_path):
     cfg, outcome = run(tmp_path, "offset", 40, true_ids=False)
     with Store.open(cfg.run_dir) as s:
         (before,) = s.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()
-    assert outcome.state == "finished" and before > 0  # the first answers, while learning
+    # the first answers wait while the offset is learnt, then are judged at it: none lost
+    assert outcome.state == "finished" and before == 0
     write_jsonl(tmp_path / "t.jsonl", tool_rows(80))  # 40 more rows: the run resumes
     sim = SimProcess(tmp_path, SIM.format(provider=PROVIDERS["offset"]), name="offset2")
     try:

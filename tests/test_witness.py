@@ -21,6 +21,8 @@ def usage(p: int, c: int) -> dict:
 
 def test_exact_and_mismatch():
     w = CountWitness()
+    for _ in range(WARMUP):  # the provider's counting offset: learnt from plain answers
+        w.judge("A", prompt=100, completion=50, usage=usage(100, 50))
     assert w.judge("A", prompt=100, completion=50, usage=usage(100, 50)).check == "exact"
     v = w.judge("A", prompt=100, completion=50, usage=usage(100, 53))
     assert v.check == "mismatch" and "ours 50, provider 53" in v.detail
@@ -40,14 +42,19 @@ def test_exact_and_mismatch():
 
 def test_a_constant_offset_is_learned_but_a_large_one_is_content():
     w = CountWitness()
-    checks = [w.judge("B", prompt=10, completion=40, usage=usage(10, 39)).check
-              for _ in range(WARMUP + 5)]
-    assert checks[:WARMUP] == ["mismatch"] * WARMUP  # until the offset is known
-    assert checks[WARMUP:] == ["exact"] * 5
+    checks = [w.judge("B", prompt=10, completion=40, usage=usage(10, 39), key=k).check
+              for k in range(WARMUP + 5)]
+    # until the offset is known the answers wait, then are judged at it: none is lost
+    assert checks[:WARMUP - 1] == ["pending"] * (WARMUP - 1)
+    assert checks[WARMUP - 1:] == ["exact"] * 6
+    assert {r.key: r.count_check for r in w.take_resolved()} == {
+        k: "exact" for k in range(WARMUP - 1)}
     assert w.state("B")["completion"] == {"state": "stable", "offset": -1,
                                           "answers": WARMUP + 5}
     # a hidden system prompt: a constant per request shape on the prompt side, so the
     # provider's rendering of that shape (recorded on each sample), not a defect
+    for _ in range(WARMUP):
+        w.judge("C", prompt=10, completion=40, usage=usage(10, 40))
     checks = [w.judge("C", prompt=10, completion=40, usage=usage(10 + MAX_OFFSET + 10, 40),
                       shape="s", key=k).check for k in range(WARMUP)]
     assert checks == ["pending"] + ["exact"] * (WARMUP - 1)
@@ -111,6 +118,8 @@ def test_the_witness_takes_a_repair_that_makes_the_counts_agree(renderer):
         ToolCall("functions.f:0", "f", '{"a":2,"b":3}'),))
     ours = renderer.completion_ids(served)
     truth = renderer.completion_ids(model)
+    for _ in range(WARMUP):
+        w.judge("Groq", prompt=5, completion=9, usage=usage(5, 9))
     v = w.judge("Groq", prompt=5, completion=len(ours), usage=usage(5, len(truth)),
                 repair=lambda n: count_repair(served, n, renderer.completion_ids))
     assert v.check == "repaired" and v.repairs == ["arguments_spaced"] and v.ids == truth
@@ -160,6 +169,8 @@ def test_settling_gives_every_pending_sample_a_verdict():
 
 def test_a_right_completion_is_kept_whatever_the_providers_rendering():
     w = CountWitness()
+    for _ in range(WARMUP):
+        w.judge("Together", prompt=10, completion=30, usage=usage(10, 30))
     for i in range(3):  # Together renders the two-tool declaration 9 tokens longer
         v = w.judge("Together", prompt=209, completion=30, usage=usage(218, 30),
                     shape="two-tools", tools=True, key=i)
@@ -182,3 +193,62 @@ def test_a_resumed_run_judges_the_samples_an_earlier_session_left_pending():
     got = {r.key: r.prompt_check for r in book.take_resolved()}
     assert got == {1: "rendering", 3: "mismatch"}
     assert book.settle() == []
+
+
+def _answers(renderer):
+    """Realistic answers of two providers: plain ones, compact arguments counted in the
+    model's spaced form, inserted whitespace of a token or two (a small repair, which only
+    the provider's known offset can tell from its counting); "F" counts one token more."""
+    spaced = AssistantMessage(content="", reasoning="r", tool_calls=(
+        ToolCall("functions.add:0", "add", '{"a": 2, "b": 3}'),))
+    compact = AssistantMessage(content="", reasoning="r", tool_calls=(
+        ToolCall("functions.add:0", "add", '{"a":2,"b":3}'),))
+    model = AssistantMessage(content="The answer is 5.", reasoning="2 + 3")
+    padded = AssistantMessage(content="\n\nThe answer is 5.", reasoning="2 + 3")
+    plain = AssistantMessage(content="It is 5.", reasoning="sum")
+    render = renderer.completion_ids
+    out = []
+    for provider, offset in (("F", 1), ("Z", 0)):
+        for _ in range(3):
+            out.append((provider, compact, len(render(spaced)) + offset))
+            out.append((provider, padded, len(render(model)) + offset))
+        for _ in range(WARMUP):
+            out.append((provider, None, len(render(plain)) + offset))
+    assert 0 < len(render(padded)) - len(render(model)) <= MAX_OFFSET  # a small repair
+    return out, render, plain
+
+
+def _final_verdicts(answers, render, plain, order):
+    w = CountWitness()
+    final = {}
+    for key in order:
+        provider, message, theirs = answers[key]
+        ours = len(render(message if message is not None else plain))
+        repair = None if message is None else (
+            lambda n, m=message: count_repair(m, n, render))
+        v = w.judge(provider, prompt=100, completion=ours, usage=usage(100, theirs),
+                    repair=repair, key=key)
+        final[key] = (v.check, v.completion_check, v.ids)
+        for r in w.take_resolved():
+            c = r.completion
+            final[r.key] = (r.count_check, r.completion_check, c.ids if c else None)
+    for r in w.settle():
+        c = r.completion
+        final[r.key] = (r.count_check, r.completion_check, c.ids if c else None)
+    return final
+
+
+def test_completion_verdicts_do_not_depend_on_the_order_answers_arrive(renderer):
+    import random
+
+    answers, render, plain = _answers(renderer)
+    forward = list(range(len(answers)))
+    shuffled = forward[:]
+    random.Random(21).shuffle(shuffled)
+    got = [_final_verdicts(answers, render, plain, order)
+           for order in (forward, forward[::-1], shuffled)]
+    assert got[0] == got[1] == got[2]
+    # and every right completion is kept, the small whitespace repair included
+    assert {k: v[0] for k, v in got[0].items()} == {
+        k: "exact" if m is None else "repaired" for k, (_, m, _) in enumerate(answers)}
+    assert all(v[1] != "pending" for v in got[0].values())

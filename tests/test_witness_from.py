@@ -12,7 +12,7 @@ import pytest
 
 from specgen.config import ConfigError, load_config
 from specgen.quality.witness import CountWitness
-from specgen.quality.witness_from import read_deltas
+from specgen.quality.witness_from import read_deltas, read_offsets
 from specgen.store import Store
 from test_engine_sim import go
 from test_engine_support import ENV, REPO, SimProcess, tool_rows, write_config, write_jsonl
@@ -65,10 +65,15 @@ def test_a_probe_measures_the_prompt_deltas_a_run_starts_with(tmp_path, told):
     assert len(rows) == 6
     assert {r.prompt_check for r in rows} == {"rendering"}
     assert {(r.prompt_shape, r.prompt_delta) for r in rows} <= {(sh, d) for _, sh, d in deltas}
-    # what a run does with them: the first answer of a learnt shape is not pending
+    # what a run does with them: the first answer of a learnt shape, from a provider whose
+    # counting offset the probe measured, is not pending
+    offsets = read_offsets(probe_json)
+    assert offsets == {"Shaper": 0}
     w = CountWitness()
     for provider, shape, delta in deltas:
         w.shapes.learn(provider, shape, delta, tools=True)
+    for provider, offset in offsets.items():
+        w.learn_offset(provider, offset)
     _, shape, delta = deltas[0]
     v = w.judge("Shaper", prompt=100, completion=10, usage={"prompt_tokens": 100 + delta,
                                                           "completion_tokens": 10},

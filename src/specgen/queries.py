@@ -8,9 +8,11 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from . import witness_sides
 from .display import UNKNOWN_PROVIDER
-from .store import Store
+from .store import Store, unpack_ids
 
 
 def failed_tasks_by_class(store: Store, datasets: Sequence[str] | None = None
@@ -93,6 +95,23 @@ def prompt_shape_deltas(store: Store) -> list[tuple]:
             "AND prompt_check NOT IN ('mismatch', 'unjudged') ORDER BY task").fetchall()
     except sqlite3.OperationalError:
         return []
+
+
+def pending_completions(store: Store) -> list[tuple]:
+    """(provider, task, prompt_check, provider's completion count, completion delta, our
+    completion ids stored, its count repairs) of every sample whose completion side was
+    left waiting for its provider's offset (a session that ended without settling)."""
+    try:
+        rows = store.conn.execute(
+            "SELECT provider, task, prompt_check, completion_tokens, completion_delta, "
+            "input_ids, n_prompt, repairs FROM results WHERE completion_check = 'pending' "
+            "AND provider IS NOT NULL ORDER BY task").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    return [(provider, task, p_check, theirs, dc, len(unpack_ids(ids) or ()) - n_prompt,
+             [r[len("count:"):] for r in orjson.loads(repairs or "[]")
+              if r.startswith("count:")])
+            for provider, task, p_check, theirs, dc, ids, n_prompt, repairs in rows]
 
 
 def conversation_shapes(store: Store) -> dict[str, dict[str, Any]]:

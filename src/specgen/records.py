@@ -99,6 +99,20 @@ class ResultRecord(NamedTuple):
     prompt_shape: str | None = None
 
 
+class VerdictRecord(NamedTuple):
+    """A stored sample judged again (docs/quality.md, "Two sides"): its new verdicts, and
+    its message, ids and repairs when the completion's verdict chose another repair (None:
+    unchanged). Written as an UPDATE of its results row, by field name."""
+
+    task: int
+    count_check: str
+    prompt_check: str | None
+    completion_check: str | None
+    message: str | None = None
+    input_ids: bytes | None = None
+    repairs: str | None = None
+
+
 class QuarantineRecord(NamedTuple):
     task: int
     dataset: str

@@ -34,6 +34,7 @@ from .records import (
     QuarantineRecord,
     ResultRecord,
     TaskRecord,
+    VerdictRecord,
 )
 
 SCHEMA_VERSION = 1
@@ -638,12 +639,17 @@ class Store:
             if batch.results:
                 c.executemany(_INSERT_RESULT, _full_rows(batch.results))
             if batch.verdicts:
-                c.executemany(
-                    "UPDATE results SET count_check=?, prompt_check=? WHERE task=?",
-                    [(check, p_check, task) for task, (check, p_check)
-                     in batch.verdicts.items()])
+                c.executemany(_UPDATE_VERDICT, [(*v[1:], v.task)
+                                                for v in batch.verdicts.values()])
             if batch.quarantine:
                 c.executemany(_INSERT_QUARANTINE, batch.quarantine)
+            if batch.moved:  # samples judged again as mismatches: quarantined after all
+                tasks = [(q.task,) for q in batch.moved.values()]
+                c.executemany("DELETE FROM results WHERE task=?", tasks)
+                c.executemany(_INSERT_QUARANTINE, batch.moved.values())
+                c.executemany("UPDATE tasks SET status='quarantined', error=? WHERE id=?",
+                              [(f"quarantined:{q.reason}", q.task)
+                               for q in batch.moved.values()])
             if batch.invalid_rows:
                 c.executemany(_INSERT_INVALID_ROW, batch.invalid_rows)
             if batch.events:
@@ -831,6 +837,12 @@ class Store:
             "SELECT turn, message FROM results WHERE conversation=? ORDER BY turn",
             (conversation,))}
 
+    def result_record(self, task: int) -> ResultRecord | None:
+        """A stored sample's row as it was written (None: no such sample)."""
+        row = self.conn.execute(f"SELECT {RESULT_INSERT_COLUMNS} FROM results WHERE task=?",
+                                (task,)).fetchone()
+        return ResultRecord(*row) if row is not None else None
+
     def tasks_of(self, conversation: int) -> dict[int, tuple[int, str, int, str | None]]:
         """{turn: (task id, status, attempts, error)} of a conversation."""
         return {turn: (tid, st, n, err) for tid, turn, st, n, err in self.conn.execute(
@@ -933,6 +945,10 @@ _INSERT_TASK = _insert("tasks", TaskRecord,
 _INSERT_ATTEMPT = _insert("attempts", AttemptRecord)
 _INSERT_RESULT = _insert("results", ResultRecord)
 _INSERT_QUARANTINE = _insert("quarantine", QuarantineRecord)
+# a sample judged again: its verdicts always, its message / ids / repairs when given
+_UPDATE_VERDICT = "UPDATE results SET " + ", ".join(
+    f"{k}=?" if k.endswith("_check") else f"{k}=COALESCE(?, {k})"
+    for k in VerdictRecord._fields[1:]) + " WHERE task=?"
 _INSERT_EVENT = _insert("events", EventRecord)
 _INSERT_INVALID_ROW = _insert("invalid_rows", InvalidRowRecord, verb="INSERT OR REPLACE")
 
@@ -962,11 +978,14 @@ class Batch:
     invalid_rows: list[InvalidRowRecord] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
     session: tuple | None = None  # (heartbeat_at, state, stop_reason, ended_at, session id)
-    # samples judged again (a pending prompt side): task -> (count_check, prompt_check)
-    verdicts: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # samples judged again (a pending side): task -> its new verdict; or, judged a mismatch,
+    # moved from results to quarantine (its task quarantined)
+    verdicts: dict[int, VerdictRecord] = field(default_factory=dict)
+    moved: dict[int, QuarantineRecord] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return (len(self.meta) + len(self.datasets) + len(self.conversations)
                 + len(self.conv_status) + len(self.tasks) + len(self.attempts)
                 + len(self.results) + len(self.quarantine) + len(self.invalid_rows)
-                + len(self.events) + len(self.verdicts) + (self.session is not None))
+                + len(self.events) + len(self.verdicts) + len(self.moved)
+                + (self.session is not None))

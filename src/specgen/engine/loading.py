@@ -9,8 +9,13 @@ from pathlib import Path
 
 from ..conversation import AssistantMessage, Conversation
 from ..errors import ConfigError
-from ..quality.witness_from import read_deltas
-from ..queries import failed_tasks_by_class, prompt_shape_deltas, vouched_deltas
+from ..quality.witness_from import read_deltas, read_offsets
+from ..queries import (
+    failed_tasks_by_class,
+    pending_completions,
+    prompt_shape_deltas,
+    vouched_deltas,
+)
 from ..store import unpack_json
 from .progress import RowCounter
 from .providers import read_excluded
@@ -31,6 +36,9 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
         store, names).items()})
     for provider, dp, dc in vouched_deltas(store):
         engine.witness.seed(provider, dp, dc)
+    for provider, task, p_check, theirs, dc, n, repairs in pending_completions(store):
+        engine.witness.seed_open(provider, task, theirs=theirs, delta=dc, stored=n,
+                                 prompt_check=p_check or "unverified", repairs=repairs)
     for provider, shape, dp, p_check, task, c_check in prompt_shape_deltas(store):
         engine.witness.seed_shape(provider, shape, dp, tools=False, key=task,
                                   pending=p_check == "pending",
@@ -161,7 +169,7 @@ def _load_probe_deltas(engine, cfg) -> None:
         if not path.is_file():
             return
     try:
-        learnt = read_deltas(path)
+        learnt, offsets = read_deltas(path), read_offsets(path)
     except ConfigError as exc:
         if given:
             raise
@@ -169,5 +177,7 @@ def _load_probe_deltas(engine, cfg) -> None:
         return
     for provider, shape, delta in learnt:
         engine.witness.shapes.learn(provider, shape, delta, tools=False)
+    for provider, offset in offsets.items():
+        engine.witness.learn_offset(provider, offset)
     log.info("%s %s: %d prompt delta(s) per provider and request shape",
              "witness_from" if given else "probe", path, len(learnt))

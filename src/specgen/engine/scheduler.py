@@ -31,7 +31,6 @@ from ..request import request_dialect, with_max_tokens
 from ..store import Store
 from . import attempts, figures, loading, periodic
 from .admission import Admission
-from .answer import rejudge
 from .answer.attempt import AnswerContext
 from .answer.outcomes import Fatal, Kept, Quarantined, Rejected
 from .answer.pipeline import AnswerPipeline, Processed, uncancelled
@@ -135,7 +134,8 @@ class Engine:
             events=self.events, stop=self.stop, wake=self.wake)
         model_check = ModelCheck(cfg.target.model, ep.accept_models)
         self.answers = AnswerPipeline(AnswerContext(
-            cfg, stages, self.policy, model_check, self.witness, self.tokens_mode), self.quality)
+            cfg, stages, self.policy, model_check, self.witness, self.tokens_mode), self.quality,
+            store=store)
 
     # -- what the live view, status and tests read ----------------------------------------------
     @property
@@ -371,7 +371,7 @@ class Engine:
                 n.kind, job.ds.name, resp.provider, n.message)
         for decision in done.decisions:
             self.steering.carry_out(decision)
-        self.writer.batch.verdicts.update(done.rejudged)  # pending prompt sides now judged
+        self._rejudged(done.rejudged)  # samples stored pending, now judged
         outcome = done.outcome
         if isinstance(outcome, Kept):
             self._keep(job, resp, charge, outcome, pstats)
@@ -383,6 +383,24 @@ class Engine:
                 self._reject(job, resp, charge, outcome.rejected, pstats)
         else:
             self._reject(job, resp, charge, outcome, pstats)
+
+    def _rejudged(self, changes) -> None:
+        """Carry out the final verdicts of samples stored pending (`answer.rejudge`): the
+        store's rows, and the live counts that follow them."""
+        for c in changes:
+            if c.quarantine is None:
+                self.writer.batch.verdicts[c.task] = c.verdict
+            else:
+                self.writer.batch.moved[c.task] = c.quarantine
+            if c.this_session:  # the session's own figures counted it as it was stored
+                self.stats.rejudged(c.provider, c.before, c.after,
+                                    c.quarantine.reason if c.quarantine else None)
+            ds = self.by_name.get(c.dataset)
+            if c.quarantine is None:
+                continue
+            if ds is not None:  # (loaded from the store, earlier sessions' too)
+                ds.bump("done", -1)
+                ds.bump("quarantined")
 
     def _keep(self, job: Job, resp: ChatResponse, charge: Charge, kept: Kept,
               pstats: ProviderStats) -> None:
@@ -479,7 +497,10 @@ class Engine:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
             await self.writer.wait_idle()
-        self.writer.batch.verdicts.update(rejudge.settle(self.witness))  # no sample left pending
+        changes, decisions = self.answers.settle()  # no sample left pending
+        self._rejudged(changes)
+        for decision in decisions:
+            self.steering.carry_out(decision)
         await periodic.settle_store(self)
         return self._finish()
 

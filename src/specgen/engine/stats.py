@@ -107,6 +107,22 @@ class RunStats:
         # the periodic tick woke late; every stream in flight went unread meanwhile)
         self.loop_stall = 0.0
 
+    def rejudged(self, provider: str | None, before: str, after: str,
+                 quarantined: str | None) -> None:
+        """A sample of this session stored `before` (pending) judged again: `after`, and
+        moved to quarantine with reason `quarantined` (None: still a sample)."""
+        p = self.provider(provider)
+        p.checks[before] -= 1
+        if p.checks[before] <= 0:
+            del p.checks[before]
+        if quarantined is None:
+            p.checks[after] += 1
+            return
+        p.ok -= 1
+        p.quarantined += 1
+        self.answers -= 1
+        self.quarantines[quarantined] += 1
+
     def provider(self, name: str | None) -> ProviderStats:
         key = name or UNKNOWN_PROVIDER
         stats = self.providers.get(key)

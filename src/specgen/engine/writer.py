@@ -202,7 +202,7 @@ class StoreWriter:
             rows = getattr(old, name)
             if rows:
                 getattr(new, name)[:0] = rows
-        for name in ("meta", "datasets", "conv_status", "tasks", "verdicts"):
+        for name in ("meta", "datasets", "conv_status", "tasks", "verdicts", "moved"):
             upserts = getattr(old, name)
             if upserts:
                 cur = getattr(new, name)

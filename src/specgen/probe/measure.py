@@ -29,8 +29,8 @@ from ..conversation import Tool
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair
 from ..quality.schema import schema_problem
-from ..quality.shapes import combine, shape_signature
-from ..quality.witness import CountWitness
+from ..quality.shapes import shape_signature
+from ..quality.witness import MAX_OFFSET, CountWitness
 
 SKIPPED = "skipped:cost_cap"  # the error of a canary the cost cap left unsent
 
@@ -69,13 +69,15 @@ class Observation:
     shape: str | None = None
     prompt_delta: int | None = None
     prompt_check: str | None = None
+    # the completion side: provider − ours after the answer's repair (its counting offset)
+    count_offset: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         keep = ("canary", "endpoint", "ok", "error", "detail", "provider", "finish_reason",
                 "has_tools", "triggered", "calls", "calls_valid", "schema_problems",
                 "thinking", "reasoning", "truncated", "ttft_s", "generation_s",
                 "completion_tokens", "cost_usd", "quarantine", "witness", "witness_detail",
-                "shape", "prompt_delta", "prompt_check")
+                "shape", "prompt_delta", "prompt_check", "count_offset")
         return {k: getattr(self, k) for k in keep}
 
 
@@ -151,15 +153,21 @@ def judge_witness(observations: Iterable[Observation]) -> None:
     obs = [o for o in observations if o.ours is not None]
     first = CountWitness()
     verdicts = [first.judge("p", prompt=o.ours[0], completion=o.ours[1], usage=o.usage,
-                            repair=o.repair) for o in obs]
+                            repair=o.repair, key=i) for i, o in enumerate(obs)]
+    for r in [*first.take_resolved(), *first.settle()]:
+        if r.completion is not None:  # judged once the offset was known
+            verdicts[r.key] = r.completion
     witness = CountWitness()
     for o, v in zip(obs, verdicts, strict=True):
         p, c = o.usage.get("prompt_tokens"), o.usage.get("completion_tokens")
         if not isinstance(c, int):
             continue
+        completion = v.completion_check or v.check  # (its prompt side may wait)
+        if completion in ("exact", "repaired"):  # the delta its verdict took as counting
+            o.count_offset = c - (len(v.ids) if v.ids is not None else o.ours[1])
         if o.repair is None:
             n = o.ours[1]
-        elif v.check == "repaired" and v.ids is not None:
+        elif completion == "repaired" and v.ids is not None:
             n = len(v.ids)
         else:
             continue
@@ -169,9 +177,11 @@ def judge_witness(observations: Iterable[Observation]) -> None:
                           repair=o.repair, shape=o.shape or "", tools=o.has_tools, key=i)
         o.witness, o.witness_detail = v.check, v.detail
         o.prompt_delta, o.prompt_check = v.prompt_delta, v.prompt_check
-    for r in [*witness.shapes.take_resolved(), *witness.shapes.settle()]:
-        o = obs[r.key]  # a shape's rendering known later (or settled): judged again
-        o.prompt_check, o.witness = r.prompt_check, combine(r.completion_check, r.prompt_check)
+    for r in [*witness.take_resolved(), *witness.settle()]:
+        o = obs[r.key]  # an offset or a shape's rendering known later (or settled)
+        o.prompt_check, o.witness = r.prompt_check, r.count_check
+        if r.completion is not None and r.completion.detail:
+            o.witness_detail = r.completion.detail
 
 
 def _share(num: int, den: int) -> float | None:
@@ -203,7 +213,12 @@ def summarize(obs: list[Observation], reference: dict[str, Observation] | None
         if o.shape and o.prompt_delta is not None and o.prompt_check in ("exact", "rendering"):
             by = shapes.setdefault(o.provider or "", {}).setdefault(o.shape, {})
             by[str(o.prompt_delta)] = by.get(str(o.prompt_delta), 0) + 1
+    offsets: dict[str, Counter] = {}  # provider -> counting offset -> n
+    for o in answered:
+        if o.count_offset is not None and abs(o.count_offset) <= MAX_OFFSET:
+            offsets.setdefault(o.provider or "", Counter())[o.count_offset] += 1
     out: dict[str, Any] = {
+        "completion_offsets": {p: int(c.most_common(1)[0][0]) for p, c in offsets.items()},
         "prompt_shapes": {p: {sh: int(max(d, key=d.get)) for sh, d in by.items()}
                           for p, by in shapes.items()},
         "requests": len(sent), "unsent": len(obs) - len(sent), "answered": len(answered),

@@ -154,6 +154,8 @@ def _relevant(name: str, o: Observation) -> bool | None:
     `below` alarm: a miss, an answer without what should be there)."""
     if o.outcome == "rejected":
         return None
+    if o.rejudged and name not in ("count_mismatch", "unverifiable"):
+        return None  # counted when it arrived
     quarantined = o.outcome == "quarantined"
     if name == "raw_markers":
         return o.raw_markers
@@ -168,6 +170,8 @@ def _relevant(name: str, o: Observation) -> bool | None:
     if name == "quarantine":
         return quarantined and o.reason not in OWN_FIGURE
     if name == "unverifiable":
+        if o.witness == "pending":
+            return None  # counted once judged again (o.rejudged)
         return (quarantined and o.reason != "length") or o.witness == "mismatch" \
             or o.counts_unusable
     if name == "empty":

@@ -66,6 +66,9 @@ class Observation:
     # or true ids), and whether that provider's counts turned out unusable
     witness: str | None = None
     counts_unusable: bool = False
+    # a sample stored pending and judged again: only its count verdict counts (its other
+    # figures were counted when it arrived, its count verdict was not)
+    rejudged: bool = False
 
     @classmethod
     def of_answer(cls, *, provider: str | None, dataset: str, task: int, outcome: str,

@@ -76,6 +76,11 @@ class ProviderFigures:
         self.answers = 0
 
     def add(self, o: Observation) -> None:
+        if o.rejudged:  # a pending sample judged again: only its count verdict is news
+            if o.count_check is not None:
+                miss = o.count_check == "mismatch"
+                self.count.add(miss, o.task, o.provider, "count_mismatch" if miss else None)
+            return
         self.answers += 1
         rejected = o.outcome == "rejected"
         mismatched = o.quantization_mismatch or (

@@ -189,7 +189,7 @@ def combine(completion_check: str, prompt_check: str) -> str:
     """The sample's count_check from the two sides' verdicts."""
     if "mismatch" in (completion_check, prompt_check):
         return "mismatch"
-    if prompt_check == "pending":
+    if "pending" in (completion_check, prompt_check):
         return "pending"
     if "unverified" in (completion_check, prompt_check):
         return "unverified"

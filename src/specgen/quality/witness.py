@@ -124,6 +124,9 @@ class CountWitness:
     def __init__(self) -> None:
         self.sides: dict[tuple[str, str], Side] = {}
         self.shapes = ShapeBook()
+        self.open: dict[Any, _Open] = {}  # completion side waiting for the offset
+        self.decided: dict[Any, tuple[_Open, Verdict]] = {}  # ... for its prompt side now
+        self.resolved: list[Resolution] = []
 
     def _side(self, provider: str, which: str) -> Side:
         side = self.sides.get((provider, which))
@@ -164,33 +167,34 @@ class CountWitness:
         plain = repair is None
         if plain:
             cs.add(dc)
-        verdict = Verdict("exact")
         every = self._side(provider, "every")  # every answer's delta, after its repair
+        candidates = None
         if c_state == "unusable" or (plain and cs.state()[0] == "unusable") \
                 or every.scattered():
             verdict = Verdict("unverified", f"{provider}'s completion counts are unusable "
                                             f"(ours {completion}, provider {theirs_c})")
-        elif dc != c_off:
-            # A delta of a token or two may be the provider's counting while its offset is
-            # not yet known: no repair may explain it away then.
-            known = c_state in ("stable", "unsettled")
-            fixed = (repair(theirs_c - c_off)
-                     if repair is not None
-                     and (known or abs(dc - c_off) > MAX_OFFSET) else None)
-            if fixed is not None:
-                message, ids, names = fixed
-                verdict = Verdict("repaired", f"completion: ours {completion} -> {len(ids)} "
-                                              f"after {'+'.join(names)}, provider {theirs_c}",
-                                  names, message, ids)
+        elif c_state in ("stable", "unsettled", "off_by_content"):
+            verdict = _completion_side(completion, theirs_c, dc, c_off, repair)
+        else:
+            # the offset is not known yet: the verdict under every offset it may turn out
+            # to be; one verdict for all of them is final now, else the sample waits
+            candidates = {o: _completion_side(completion, theirs_c, dc, o, repair)
+                          for o in OFFSETS}
+            verdict = _agreed(candidates)
+            if verdict is None and cs.state()[0] != "learning":  # this answer taught it
+                verdict = candidates.get(cs.state()[1]) or candidates[0]
+            if verdict is not None:
+                candidates = None
             else:
-                problems.append(f"completion: ours {completion}, provider {theirs_c} "
-                                f"(expected offset {c_off:+d})")
+                verdict = Verdict("exact")  # ours, unchanged meanwhile
         verdict.settled = settled
-        if verdict.ids is not None:  # the delta that is left: the provider's counting
-            every.add(theirs_c - len(verdict.ids))
-        elif verdict.check != "unverified" and (not problems or abs(dc - c_off) > MAX_OFFSET):
-            every.add(dc)  # (a small unexplained delta may be a transformation's: left out)
+        if candidates is None:
+            _learn_every(every, verdict, theirs_c, dc, c_off)
+        if verdict.check == "mismatch":
+            problems.append(verdict.detail)
         c_check = "mismatch" if problems else verdict.check
+        if candidates is not None:
+            c_check = verdict.completion_check = "pending"
         if dp is not None:
             p_check = self.shapes.judge(provider, shape, dp, tools=tools, key=key,
                                         completion_check=c_check) \
@@ -201,8 +205,16 @@ class CountWitness:
                                    f"{_signed(self.shapes.expected(provider, shape))})")
             elif p_check in ("exact", "rendering") and fixed_prompt is not None:
                 p_check = "repaired"
+        if candidates is not None and p_check == "mismatch":
+            candidates = None  # a mismatch whatever the offset: final now
+            c_check = verdict.completion_check = verdict.check
         sides = dict(prompt_check=p_check, completion_check=c_check, prompt_delta=dp,
                      completion_delta=dc, shape=shape)
+        if candidates is not None:
+            self.open[key if key is not None else object()] = _Open(
+                provider, candidates, p_check, theirs_c, dc)
+        if c_state == "learning" and cs.state()[0] != "learning":  # this answer taught it
+            self._resolve_completion(provider)
         if problems:
             return Verdict("mismatch", "; ".join(problems), settled=settled, **sides)
         if fixed_prompt is not None and p_check == "repaired":
@@ -215,6 +227,9 @@ class CountWitness:
         for k, v in sides.items():
             setattr(verdict, k, v)
         verdict.check = combine(c_check, p_check if p_check != "unjudged" else "exact")
+        if candidates is not None:
+            verdict.detail = "completion: waits for the provider's counting offset; " + (
+                verdict.detail or f"ours {completion}, provider {theirs_c}")
         if p_check in ("rendering", "pending") and dp:
             note = f"prompt: provider {theirs_p}, ours {prompt} ({_signed(dp)}: " + (
                 "its rendering of this request shape)" if p_check == "rendering" else
@@ -222,11 +237,89 @@ class CountWitness:
             verdict.detail = f"{verdict.detail}; {note}" if verdict.detail else note
         return verdict
 
+    def _resolve_completion(self, provider: str, offset: int | None = None) -> None:
+        """The provider's offset is known (or the session ends: `offset`): every sample of it
+        whose completion side waited gets the verdict for that offset."""
+        if offset is None:
+            offset = self._side(provider, "completion").state()[1]
+        every = self._side(provider, "every")
+        for key in [k for k, o in self.open.items() if o.provider == provider]:
+            o = self.open.pop(key)
+            v = o.candidates.get(offset, o.candidates[0])
+            _learn_every(every, v, o.theirs, o.delta, offset)
+            self.decided[key] = (o, v)
+        self._emit()
+
+    def _emit(self) -> None:
+        """Samples whose both sides are now judged go to `resolved`."""
+        for r in self.shapes.take_resolved():
+            if r.key in self.open:  # its completion waits still
+                self.open[r.key].prompt_check = r.prompt_check
+            elif r.key in self.decided:
+                self.decided[r.key][0].prompt_check = r.prompt_check
+            else:
+                self.resolved.append(Resolution(r.key, combine(r.completion_check,
+                                                               r.prompt_check),
+                                                r.prompt_check, r.completion_check))
+        for key in [k for k, (o, _) in self.decided.items() if o.prompt_check != "pending"]:
+            o, v = self.decided.pop(key)
+            c = v.check
+            p = "unjudged" if c == "mismatch" and o.prompt_check != "mismatch" \
+                else o.prompt_check
+            self.resolved.append(Resolution(
+                key, combine(c, p if p != "unjudged" else "exact"), p, c, v))
+
+    def take_resolved(self) -> list[Resolution]:
+        """The samples judged again since the last call (both sides final)."""
+        self._emit()
+        out, self.resolved = self.resolved, []
+        return out
+
+    def settle(self) -> list[Resolution]:
+        """The session ends: every sample still pending gets its final verdict — the
+        completion side at its provider's offset (while still learning: its most common
+        plain delta within a counting offset, else 0), the prompt side by
+        `ShapeBook.settle`."""
+        for provider in sorted({o.provider for o in self.open.values()}):
+            side = self._side(provider, "completion")
+            state, offset = side.state()
+            if state == "learning":
+                common = side.counts.most_common(1)
+                offset = common[0][0] if common and abs(common[0][0]) <= MAX_OFFSET else 0
+            self._resolve_completion(provider, offset)
+        for r in self.shapes.settle():
+            self.shapes.resolved.append(r)
+        return self.take_resolved()
+
     def seed(self, provider: str, prompt_delta: int | None, completion_delta: int) -> None:
         """An earlier session's sample that its counts vouched for (exact or repaired): its
         deltas are the provider's offsets, so a resumed run does not learn them again."""
         del prompt_delta  # the prompt side is learnt per request shape (seed_shape)
         self._side(provider, "completion").add(completion_delta)
+
+    def learn_offset(self, provider: str, offset: int) -> None:
+        """A provider's completion counting offset measured beforehand (`specgen probe`):
+        known at once, so its first answers are judged on arrival."""
+        side = self._side(provider, "completion")
+        for _ in range(max(0, WARMUP - len(side.deltas))):
+            side.add(offset)
+        self._resolve_completion(provider)
+
+    def seed_open(self, provider: str, key: Any, *, theirs: int, delta: int, stored: int,
+                  prompt_check: str, repairs: list[str]) -> None:
+        """An earlier session's sample stored with its completion side waiting (`stored`
+        completion ids, its count `repairs`): its verdict stands at the offset it was stored
+        for (the provider's count minus those ids); at another one it is a mismatch (the raw
+        answer, to try other repairs with, is not kept)."""
+        at = theirs - stored
+        check = "repaired" if repairs else "exact"
+        self.open[key] = _Open(provider, {
+            o: Verdict(check, repairs=list(repairs)) if o == at else
+            Verdict("mismatch", f"completion: ours {stored}, provider {theirs} (expected "
+                                f"offset {o:+d})") for o in OFFSETS},
+            prompt_check, theirs, delta)
+        if self._side(provider, "completion").state()[0] != "learning":
+            self._resolve_completion(provider)
 
     def seed_shape(self, provider: str, shape: str, delta: int, *, tools: bool,
                    key: Any = None, pending: bool = False,
@@ -262,6 +355,64 @@ class CountWitness:
         for p, by_shape in shapes.items():
             out.setdefault(p, {})["prompt_shapes"] = by_shape
         return out
+
+
+OFFSETS = tuple(range(-MAX_OFFSET, MAX_OFFSET + 1))  # the counting offsets a provider may have
+
+
+@dataclass(slots=True)
+class _Open:
+    """A sample whose completion side waits for its provider's counting offset: its verdict
+    under each offset, and its prompt side's (`pending` while that waits too)."""
+
+    provider: str
+    candidates: dict[int, Verdict]
+    prompt_check: str
+    theirs: int  # the provider's completion count
+    delta: int  # provider − ours (before any repair)
+
+
+@dataclass(slots=True)
+class Resolution:
+    """A pending sample's final verdict: `count_check` and each side's, and `completion` the
+    completion side's verdict (its repair's ids and message, when the offset chose one)."""
+
+    key: Any
+    count_check: str
+    prompt_check: str
+    completion_check: str
+    completion: Verdict | None = None
+
+
+def _completion_side(completion: int, theirs: int, dc: int, offset: int,
+                     repair: Repair | None) -> Verdict:
+    """The completion side's verdict for a provider counting with `offset`."""
+    if dc == offset:
+        return Verdict("exact")
+    fixed = repair(theirs - offset) if repair is not None else None
+    if fixed is None:
+        return Verdict("mismatch", f"completion: ours {completion}, provider {theirs} "
+                                   f"(expected offset {offset:+d})")
+    message, ids, names = fixed
+    return Verdict("repaired", f"completion: ours {completion} -> {len(ids)} after "
+                               f"{'+'.join(names)}, provider {theirs}", names, message, ids)
+
+
+def _agreed(candidates: dict[int, Verdict]) -> Verdict | None:
+    """The verdict every offset gives (one check, the same ids), or None."""
+    first = candidates[0]
+    if all(v.check == first.check and v.ids == first.ids for v in candidates.values()):
+        return first
+    return None
+
+
+def _learn_every(every: Side, verdict: Verdict, theirs: int, dc: int, offset: int) -> None:
+    """Feed the 'every answer' side with the delta left after the verdict's repair."""
+    if verdict.ids is not None:  # the delta that is left: the provider's counting
+        every.add(theirs - len(verdict.ids))
+    elif verdict.check != "unverified" and (verdict.check != "mismatch"
+                                            or abs(dc - offset) > MAX_OFFSET):
+        every.add(dc)  # (a small unexplained delta may be a transformation's: left out)
 
 
 def _signed(n: int | None) -> str:

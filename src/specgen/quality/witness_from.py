@@ -13,6 +13,37 @@ from ..errors import ConfigError
 def read_deltas(path: Path) -> list[tuple[str, str, int]]:
     """(provider, shape, delta) of a probe.json; ConfigError with a clear message when the
     file is not one."""
+    out = []
+    for row in _rows(path):
+        shapes = row.get("prompt_shapes") if isinstance(row, dict) else None
+        if not isinstance(shapes, dict):
+            continue  # a probe written before the prompt side was measured per shape
+        for provider, by_shape in shapes.items():
+            if not isinstance(by_shape, dict):
+                continue
+            for shape, delta in by_shape.items():
+                if _int(delta) and provider:
+                    out.append((str(provider), str(shape), delta))
+    return out
+
+
+def read_offsets(path: Path) -> dict[str, int]:
+    """{provider: completion counting offset} a probe.json measured (`completion_offsets`;
+    empty for a probe written before it measured them)."""
+    out: dict[str, int] = {}
+    for row in _rows(path):
+        offsets = row.get("completion_offsets") if isinstance(row, dict) else None
+        if isinstance(offsets, dict):
+            out.update({str(p): d for p, d in offsets.items() if p and _int(d)})
+    return out
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _rows(path: Path) -> list:
+    """The probe.json's `providers` list; ConfigError when the file is not a probe.json."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -21,15 +52,4 @@ def read_deltas(path: Path) -> list[tuple[str, str, int]]:
     if not isinstance(rows, list):
         raise ConfigError(f"quality.witness_from: {path} is not a probe.json of `specgen "
                           "probe` (no 'providers' list)")
-    out = []
-    for row in rows:
-        shapes = row.get("prompt_shapes") if isinstance(row, dict) else None
-        if not isinstance(shapes, dict):
-            continue  # a probe written before the prompt side was measured per shape
-        for provider, by_shape in shapes.items():
-            if not isinstance(by_shape, dict):
-                continue
-            for shape, delta in by_shape.items():
-                if isinstance(delta, int) and not isinstance(delta, bool) and provider:
-                    out.append((str(provider), str(shape), delta))
-    return out
+    return rows

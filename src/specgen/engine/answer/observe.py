@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...display import UNKNOWN_PROVIDER
-from ...quality.observe import Observation
+from ...quality.observe import JUDGED, UNKNOWN, Observation
 from .attempt import Answer, AnswerContext
 from .outcomes import Fatal, Kept, Outcome, Quarantined
 
@@ -33,3 +33,15 @@ def observation(a: Answer, outcome: Outcome, ctx: AnswerContext) -> Observation:
         witness=a.count_check if kind != "rejected" else None,
         counts_unusable=kind != "rejected" and a.count_check == "unverified"
         and ctx.witness.unusable(resp.provider or resp.base_url or UNKNOWN_PROVIDER))
+
+
+def rejudged_observation(change) -> Observation:
+    """A sample stored pending and judged again (`answer.rejudge.Change`): only its count
+    verdict is news (its other figures were counted when it arrived)."""
+    quarantined = change.quarantine is not None
+    return Observation(
+        provider=change.provider or UNKNOWN, dataset=change.dataset, task=change.task,
+        outcome="quarantined" if quarantined else "ok",
+        reason=change.quarantine.reason if quarantined else None,
+        count_check=change.after if change.after in JUDGED else None,
+        witness=change.after, rejudged=True)

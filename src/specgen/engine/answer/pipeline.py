@@ -34,8 +34,9 @@ from ..budget import Charge
 from ..state import Job
 from . import accept, normalise, quality, record, rejudge, repeats, repetition, size, usage, witness
 from .attempt import Answer, AnswerContext
-from .observe import observation
-from .outcomes import Outcome
+from .observe import observation, rejudged_observation
+from .outcomes import Kept, Outcome
+from .record import response_json
 from .size import answer_bytes
 
 log = logging.getLogger("specgen.engine")
@@ -65,19 +66,19 @@ class Processed:
     answer: Answer
     outcome: Outcome
     decisions: tuple[Decision, ...]  # exclusions and alarms the monitor asks for
-    # earlier samples whose pending prompt side this answer let the witness judge:
-    # task -> (count_check, prompt_check), for the store
-    rejudged: dict[int, tuple[str, str]]
+    # earlier samples stored pending that this answer let the witness judge (rejudge)
+    rejudged: tuple[rejudge.Change, ...]
 
 
 class AnswerPipeline:
     """Runs each answer through `stages`; `process` is the one entry point."""
 
     def __init__(self, ctx: AnswerContext, monitor: QualityMonitor,
-                 stages: tuple[Stage, ...] = STAGES):
+                 stages: tuple[Stage, ...] = STAGES, store=None):
         self.ctx = ctx
         self.monitor = monitor
         self.stages = stages
+        self.rejudge = rejudge.Rejudge(ctx.witness, ctx.cfg.quality.on_count_mismatch, store)
         self.breaker = accept.RejectionBreaker()
         # held while an answer is judged off the loop; the answers that come meanwhile queue
         # on it and are then let through one per turn of the loop (streams read in between)
@@ -126,8 +127,24 @@ class AnswerPipeline:
 
     def _conclude(self, a: Answer, outcome: Outcome) -> Processed:
         outcome = self.breaker.judge(outcome)
+        if isinstance(outcome, Kept) and a.verdict is not None and a.verdict.check == "pending":
+            self.rejudge.hold(outcome.record, response_json(a.resp))
         decisions = self.monitor.observe(observation(a, outcome, self.ctx))
-        return Processed(a, outcome, tuple(decisions), rejudge.take(self.ctx.witness))
+        changes = tuple(self.rejudge.take())
+        return Processed(a, outcome, (*decisions, *self.observe(changes)), changes)
+
+    def settle(self) -> tuple[tuple[rejudge.Change, ...], tuple[Decision, ...]]:
+        """The session ends: every sample still pending judged, and what the monitor makes
+        of those verdicts."""
+        changes = tuple(self.rejudge.settle())
+        return changes, tuple(self.observe(changes))
+
+    def observe(self, changes: tuple[rejudge.Change, ...]) -> list[Decision]:
+        """The monitor counts a re-judged sample's final verdict (it counted none at once)."""
+        out: list[Decision] = []
+        for c in changes:
+            out += self.monitor.observe(rejudged_observation(c))
+        return out
 
 
 async def uncancelled(work: Awaitable[T]) -> T:
