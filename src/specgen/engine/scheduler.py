@@ -6,8 +6,8 @@ at a time (`conversations`: the planner's next request, built by `jobs`); the di
 below sends ready jobs within the limits (concurrency, budgets, the account's in-flight
 budget, an endpoint that is down or paused, a store that refuses commits). Every answer goes
 through the answer path (`answer.pipeline`: accept → normalise → witness → quality → record)
-and the engine carries out its outcome; every error through the retry policy (`retry`) and
-the engine carries out its decision. Everything is recorded through the batched writer;
+and the engine carries out its outcome; every error through the retry policy (`retry`), whose
+decision `failures` carries out. Everything is recorded through the batched writer;
 docs/engine.md tells the whole story, docs/design.md "How an answer travels" the answer path.
 """
 
@@ -27,9 +27,9 @@ from ..quality.monitor import QualityMonitor
 from ..quality.witness import CountWitness
 from ..records import AttemptRecord
 from ..render import Renderer
-from ..request import request_dialect, with_max_tokens
+from ..request import request_dialect
 from ..store import Store
-from . import attempts, figures, loading, periodic
+from . import attempts, failures, figures, loading, periodic
 from .admission import Admission
 from .answer.attempt import AnswerContext
 from .answer.outcomes import Fatal, Kept, Quarantined, Rejected
@@ -336,13 +336,14 @@ class Engine:
             else:
                 resp = await self.client.chat(job.body)
         except ApiError as err:
-            self._on_error(job, err)
+            failures.on_error(self, job, err)
         except asyncio.CancelledError:
-            self._record_attempt(attempts.cancelled(self.session_id, job, started))
+            self.record_attempt(attempts.cancelled(self.session_id, job, started))
             raise
         except Exception as exc:  # noqa: BLE001 - a client bug: count it and retry
             log.exception("unexpected client failure")
-            self._on_error(job, ApiError("connection", f"unexpected client failure: {exc!r}"))
+            failures.on_error(self, job, ApiError("connection",
+                                                  f"unexpected client failure: {exc!r}"))
         else:
             charge, pstats = self._charged(job, resp)
             if self.answers.at_once(resp):
@@ -351,7 +352,7 @@ class Engine:
                 done = await uncancelled(self.answers.judge(job, resp, charge))
             self._on_answer(job, resp, charge, pstats, done)
 
-    def _record_attempt(self, record: AttemptRecord) -> None:
+    def record_attempt(self, record: AttemptRecord) -> None:
         self.stats.attempts += 1
         self.writer.batch.attempts.append(record)
 
@@ -410,7 +411,7 @@ class Engine:
             pstats.latency.add(resp.ended_at - resp.started_at)
         pstats.repairs.update(kept.repairs)
         self.limits.on_kept(self.inflight_weight, len(self.inflight))
-        self._record_attempt(attempts.answered(self.session_id, job, resp, charge, "ok"))
+        self.record_attempt(attempts.answered(self.session_id, job, resp, charge, "ok"))
         self.writer.batch.results.append(kept.record)
         self.stats.answers += 1
         self.book.task_done(job, kept.message)
@@ -419,7 +420,7 @@ class Engine:
                     pstats: ProviderStats) -> None:
         pstats.quarantined += 1
         self.stats.quarantines[q.reason.split(":", 1)[0]] += 1
-        self._record_attempt(attempts.answered(
+        self.record_attempt(attempts.answered(
             self.session_id, job, resp, charge, f"quarantined:{q.reason}",
             error=q.message[:2000] or None))
         self.writer.batch.quarantine.append(quarantine_record(job, resp, q))
@@ -429,58 +430,11 @@ class Engine:
                 pstats: ProviderStats) -> None:
         pstats.rejected += 1
         self.stats.rejections[r.reason] += 1
-        self._record_attempt(attempts.answered(self.session_id, job, resp, charge,
+        self.record_attempt(attempts.answered(self.session_id, job, resp, charge,
                                                f"rejected:{r.reason}", error=r.what))
         job.last_error = f"answer from {r.what} rejected: {r.reason}"
         self.events.once("rejected", job.ds.name, resp.provider, job.last_error)
         self.book.retry_or_fail(job, "rejected")
-
-    # -- errors: the retry policy decides, the engine carries it out -----------------------------
-    def _on_error(self, job: Job, err: ApiError) -> None:
-        charge = self.budget.charge_usage(job.ds.name, err.usage)
-        kind = err.kind
-        d = self.retry_policy.decide(
-            err, attempts=job.attempts, max_tokens=job.max_tokens,
-            prompt_cost=self.budget.prices.cost(len(job.prompt_ids), 0) or 0.0,
-            endpoint_down=self.health.down)
-        if not d.counts:
-            job.attempts -= 1  # an outage or a full in-flight budget says nothing of the task
-        outcome = f"retry:{kind}" if d.action in ("retry", "shrink") else f"fatal:{kind}"
-        self._record_attempt(attempts.failed(self.session_id, job, err, charge, outcome))
-        self.stats.errors[kind] += 1
-        self.stats.billed(err.provider, charge.prompt_tokens, charge.completion_tokens,
-                          charge.cost_usd).errors[kind] += 1
-        self.limits.on_error(job, err)
-        job.last_error = str(err)[:500]
-        self._carry_out(job, err, d)
-
-    def _carry_out(self, job: Job, err: ApiError, d) -> None:
-        """Carry out the retry policy's decision on a failed attempt."""
-        if d.action in ("stop_run", "fail_run"):
-            self.book.task_row(job.task_id, job.conv, job.turn, "pending", job.attempts,
-                               job.last_error)
-            job.ds.ready.appendleft(job)  # stays pending: a later run sends it again
-            if d.action == "fail_run":
-                self.stop.fail(d.message, dataset=job.ds.name, provider=err.provider)
-                return
-            if self.stop.kind != "account":
-                self.events.add("account_limit", job.ds.name, err.provider, d.message)
-                log.error("%s", d.message)
-            self.request_stop(d.message, kind="account")
-        elif d.action == "shrink":
-            job.shrunk_from = job.shrunk_from or job.max_tokens
-            job.max_tokens = d.max_tokens or job.max_tokens
-            job.body = with_max_tokens(job.body, job.max_tokens)
-            self.events.once("max_tokens_shrunk", job.ds.name, None,
-                             f"402 weight_exceeds_budget: retrying with a smaller max_tokens "
-                             f"({d.message}); recorded on the sample")
-            self.book.retry_later(job, 0.0)
-        elif d.action == "retry":
-            if d.pause is not None and (why := self.limits.pause_endpoint(d.pause, err)):
-                self.request_stop(why, kind="unreachable")
-            self.book.retry_later(job, d.delay)
-        else:
-            self.book.fail(job, err.kind, d.message or job.last_error)
 
     # -- the session ----------------------------------------------------------------------------
     async def run(self, on_tick=None) -> Outcome:
