@@ -1,12 +1,12 @@
 """A failed attempt, carried out: the retry policy (`retry`) decides what an error means
 (retry, shrink `max_tokens`, stop or fail the run, fail the task), and this module does it to
-the engine's books, limits and queues. The scheduler only hands the error over.
+the engine's books, limits and queues (`engine`: the scheduler's Engine, untyped here so
+the arrow points one way). The scheduler only hands the error over.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from ..client.types import ApiError
 from ..request import with_max_tokens
@@ -14,13 +14,10 @@ from . import attempts
 from .retry import Decision
 from .state import Job
 
-if TYPE_CHECKING:
-    from .scheduler import Engine
-
 log = logging.getLogger("specgen.engine")
 
 
-def on_error(engine: Engine, job: Job, err: ApiError) -> None:
+def on_error(engine, job: Job, err: ApiError) -> None:
     """A failed attempt: the retry policy decides, and its decision is carried out."""
     charge = engine.budget.charge_usage(job.ds.name, err.usage)
     kind = err.kind
@@ -44,7 +41,7 @@ def on_error(engine: Engine, job: Job, err: ApiError) -> None:
     _carry_out(engine, job, err, d)
 
 
-def _carry_out(engine: Engine, job: Job, err: ApiError, d: Decision) -> None:
+def _carry_out(engine, job: Job, err: ApiError, d: Decision) -> None:
     """Carry out the retry policy's decision on a failed attempt."""
     if d.action in ("stop_run", "fail_run"):
         engine.book.task_row(
