@@ -177,8 +177,11 @@ def test_a_hidden_system_prompt_is_the_providers_rendering_recorded_on_each_samp
 
 def test_a_prompt_that_is_not_the_shapes_rendering_is_a_mismatch(tmp_path):
     n = 24
+    # one request at a time: the answers arrive in row order, so which compressed prompts come
+    # while the shape's rendering is still unknown is the same every run (the sim's drops are
+    # keyed by the request)
     cfg, outcome = run(tmp_path, "hidden_system_prompt_tokens = 20\nprompt_drop_rate = 0.3",
-                       n, true_ids=False)
+                       n, true_ids=False, endpoint="concurrency = 1\n")
     assert outcome.state in ("finished", "stopped"), outcome
     st = run_status(cfg.run_dir)["datasets"]["t"]
     with Store.open(cfg.run_dir) as s:
