@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from specgen.queries import detail_text, quarantine_details
-from specgen.records import QuarantineRecord, ResultRecord
+from specgen.records import QuarantineRecord, ResultRecord, VerdictRecord
 from specgen.store import (
     Batch,
     Store,
@@ -266,7 +266,7 @@ def test_older_stores_get_the_witness_side_columns_on_open(tmp_path):
         prompt_shape="abc"))
     store.write(b)
     b = Batch()
-    b.verdicts[9] = ("exact", "rendering")  # judged again once the shape is known
+    b.verdicts[9] = VerdictRecord(9, "exact", "rendering", "exact")  # judged again: shape known
     store.write(b)
     (r,) = [r for r in store.iter_results() if r.task == 9]
     assert (r.count_check, r.prompt_check, r.prompt_delta, r.prompt_shape) == (
