@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from specgen.render import get_renderer
 from specgen.tokenizer import load_tokenizer
-from test_engine_support import prompt_rows, run_cli, write_config, write_jsonl
+from test_engine_support import prompt_rows, run_cli, serve, write_config, write_jsonl
 
 
 def test_out_of_vocabulary_ids_are_quarantined_without_a_traceback(tmp_path):
@@ -35,12 +34,10 @@ def test_out_of_vocabulary_ids_are_quarantined_without_a_traceback(tmp_path):
             self.end_headers()
             self.wfile.write(out)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, url = serve(H)
     try:
         write_jsonl(tmp_path / "a.jsonl", prompt_rows(4))
-        path = write_config(tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1",
+        path = write_config(tmp_path, url,
                             [{"name": "a", "path": "a.jsonl"}],
                             endpoint='mode = "tokens"\ntoken_api = "vllm"\nstream = false\n'
                                      "fetch_endpoints = false")

@@ -5,11 +5,10 @@ until which date and time."""
 from __future__ import annotations
 
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
-from test_engine_support import prompt_rows, run_cli, write_config, write_jsonl
+from test_engine_support import prompt_rows, run_cli, serve, write_config, write_jsonl
 
 
 def test_a_day_long_retry_after_names_the_date(tmp_path):
@@ -36,12 +35,10 @@ def test_a_day_long_retry_after_names_the_date(tmp_path):
             self._send(429, b'{"error": {"message": "slow down", "code": 429}}',
                        [("Retry-After", "86400")])
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, url = serve(H)
     try:
         write_jsonl(tmp_path / "a.jsonl", prompt_rows(3))
-        path = write_config(tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1",
+        path = write_config(tmp_path, url,
                             [{"name": "a", "path": "a.jsonl"}],
                             endpoint="fetch_endpoints = false")
         res = run_cli(path, timeout=120)

@@ -10,7 +10,9 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,15 @@ quirks = {{ wrong_model = 0.4 }}
 
 SPECGEN = [sys.executable, "-m", "specgen"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, str]:
+    """A small independent HTTP server written in a test, on 127.0.0.1 in a daemon thread:
+    (the server, to `shutdown()`; its `/v1` base URL)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
