@@ -155,6 +155,40 @@ class KimiRenderer(Renderer):
             return f"{reasoning}{END_THINK}{body}" if self.thinking else body
         return f"{THINK}{reasoning}{END_THINK}{body}"  # K2-Thinking opens <think> itself
 
+    def completion_variants(self, message) -> dict[str, str]:
+        """Every form the model may have sampled for this assistant message, by name; the
+        canonical one (`completion_text`) first. The API answer is the same for all of them,
+        only the count witness can tell them apart (docs/renderers.md, "What the model
+        samples"):
+
+        * `no_section_end` — the last call closed and the turn ended without
+          `<|tool_calls_section_end|>` (no Kimi tool parser requires it);
+        * `no_think_end` — a reasoning turn with no content opened the tool-call section
+          without `</think>` (the stacks' Kimi reasoning parsers end reasoning there);
+        * `no_think_end+no_section_end` — both.
+        """
+        msg = message if isinstance(message, AssistantMessage) else _assistant(message)
+        canonical = self.completion_text(msg)
+        out = {"canonical": canonical}
+        if not msg.tool_calls:
+            return out
+        end = SECTION_END + IM_END
+        out["no_section_end"] = canonical[: -len(end)] + IM_END
+        think_end = f"{END_THINK}{SECTION_BEGIN}"
+        if (self.has_thinking and self.thinking and msg.reasoning and not msg.content
+                and think_end in canonical):
+            at = canonical.rindex(think_end)
+            for name in ("canonical", "no_section_end"):
+                text = out[name]
+                key = "no_think_end" if name == "canonical" else "no_think_end+no_section_end"
+                out[key] = text[:at] + text[at + len(END_THINK):]
+        return out
+
+    def completion_variant_ids(self, message, *, context=None, tools=None) -> dict[str, list[int]]:
+        """`completion_variants` encoded as the completion is (`encode_completion`)."""
+        return {name: self.encode_completion(text, context=context, tools=tools)
+                for name, text in self.completion_variants(message).items()}
+
     # -- parsing ----------------------------------------------------------------------------
     @property
     def stop_token_ids(self) -> frozenset[int]:
@@ -194,7 +228,9 @@ class KimiRenderer(Renderer):
                 state, reasoning = "reasoning", ""
             elif special == END_THINK and state == "reasoning":
                 state = "content"
-            elif special == SECTION_BEGIN and state == "content":
+            elif special == SECTION_BEGIN and state in ("content", "reasoning"):
+                # In reasoning: the model opened the section without `</think>` (the stacks'
+                # Kimi reasoning parsers end reasoning there too).
                 state = "section"
             elif special == CALL_BEGIN and state == "section":
                 state, call_id, call_args = "call_id", [], []
@@ -206,7 +242,8 @@ class KimiRenderer(Renderer):
                 state = "section"
             elif special == SECTION_END and state == "section":
                 state = "after_section"
-            elif special == IM_END and state in ("reasoning", "content", "after_section"):
+            elif special == IM_END and state in ("reasoning", "content", "section", "after_section"):
+                # "section": the turn ended without `<|tool_calls_section_end|>`
                 state = "done"
             elif state == "reasoning":
                 reasoning = (reasoning or "") + special  # control text the model wrote
