@@ -115,6 +115,31 @@ class OfficialKimi:
 
         return [i for piece in walk(text) for i in self.enc.encode(piece, allowed_special="all")]
 
+    def encode_sampled(self, text: str) -> list[int]:
+        """Ids of a completion as a model samples it: special tokens are single ids, and the
+        rule runs on each text between them (no text before the completion counts)."""
+        import re
+
+        names = sorted(self.enc._special_tokens, key=len, reverse=True)
+        out, pos = [], 0
+        for m in re.finditer("|".join(map(re.escape, names)), text):
+            if m.start() > pos:
+                out += self.encode(text[pos:m.start()])
+            out.append(self.enc._special_tokens[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            out += self.encode(text[pos:])
+        return out
+
+    def sample_ids(self, messages, tools=None, **kwargs) -> list[int]:
+        """One forward pass: the prompt of messages[:-1] encoded (the tokenizer's own encode),
+        then the template's text of the final message encoded as sampled."""
+        prompt = self.render(messages[:-1], tools, add_generation_prompt=True, **kwargs)
+        full = self.render(messages, tools, add_generation_prompt=False, **kwargs)
+        if not full.startswith(prompt):
+            raise AssertionError("the generation prompt is not a prefix of the full render")
+        return self.encode(prompt) + self.encode_sampled(full[len(prompt):])
+
     def ids(self, messages, tools=None, *, add_generation_prompt: bool, **kwargs) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt=add_generation_prompt,
                                        **kwargs))

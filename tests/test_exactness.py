@@ -179,7 +179,8 @@ def split_special_ids(official: OfficialKimi, text: str) -> list[int]:
 def test_long_run_into_special_text_whole_and_split_special(tok, official_k25) -> None:  # noqa: F811
     """A >25,000-character run right before `<|im_end|>`: the whole-string encode cuts inside
     the special token's text (it becomes plain pieces); split_special keeps the token.
-    `[target] encode` picks either, each equal to its reference on the exact text."""
+    `[target] encode` picks either for the prompt, each equal to its reference on the exact
+    text; the completion is encoded as sampled in both."""
     head = official_k25.render([{"role": "user", "content": ""}], add_generation_prompt=True)
     n = 25_000 - head.index("<|im_end|>") - 4  # the 25,001st character: inside <|im_end|>
     msgs = [{"role": "user", "content": "x" * n},
@@ -190,12 +191,15 @@ def test_long_run_into_special_text_whole_and_split_special(tok, official_k25) -
     split_want = split_special_ids(official_k25, prompt_text)
     im_end = tok.special_tokens["<|im_end|>"]
     assert im_end in split_want and im_end not in whole_want  # the cut broke the token
-    for mode, want, full in (("whole", whole_want, official_k25.encode(full_text)),
-                             ("split_special", split_want,
-                              split_special_ids(official_k25, full_text))):
+    # The completion is what the model sampled after the prompt: in either mode its ids are
+    # the completion text encoded on its own, special tokens split off (docs/renderers.md).
+    assert full_text.startswith(prompt_text)
+    sampled = split_special_ids(official_k25, full_text[len(prompt_text):])
+    assert sampled[-1] == im_end
+    for mode, want in (("whole", whole_want), ("split_special", split_want)):
         native = get_renderer("kimi-k2.5", tok.with_encode(mode))
         assert native.prompt_ids(msgs[:1]) == want, mode
-        assert native.sample(msgs).input_ids == full, mode  # the completion's own long run
+        assert native.sample(msgs).input_ids == want + sampled, mode
     assert tok.with_encode("whole") is tok and tok.encode_mode == "whole"
 
 

@@ -185,7 +185,7 @@ def compare(native, official, msgs, tools, *, thinking_kwargs: dict, sample_fina
         want = official.ids(msgs, tools, add_generation_prompt=True, **thinking_kwargs)
         assert native.prompt_ids(msgs, tools) == want, "prompt at the open end"
     elif sample_final:
-        want = official.ids(msgs, tools, add_generation_prompt=False, **thinking_kwargs)
+        want = official.sample_ids(msgs, tools, **thinking_kwargs)
         assert native.sample(msgs, tools).input_ids == want, "sample of the final turn"
 
 

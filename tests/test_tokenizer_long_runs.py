@@ -104,13 +104,26 @@ def test_text_after_a_prefix_is_cut_as_in_the_whole_string():
         assert got == want, (len(prefix), len(text))
 
 
-def test_a_completion_is_encoded_as_it_reads_after_its_prompt(kimi_tokenizer):
+def test_a_completion_is_encoded_as_sampled_not_as_it_reads_after_its_prompt(kimi_tokenizer):
+    # A served model samples the completion after the prompt: the prompt's trailing run (and
+    # its closing special-token text) does not count into the completion's long-run rule.
     r = get_renderer("kimi-k2.5", kimi_tokenizer, thinking=False)
     context = [{"role": "user", "content": "z" * 24000}]
-    answer = {"role": "assistant", "content": "y" * 25001}
+    answer = {"role": "assistant", "content": "y" * 25001, "reasoning_content": None}
     s = r.sample([*context, answer])
-    whole = r.render_text(context, None, add_generation_prompt=True) + r.completion_text(answer)
-    assert s.input_ids == [i for p in walk(whole)
-                           for i in kimi_tokenizer._enc.encode(p, allowed_special="all")]
-    alone = kimi_tokenizer.encode(r.completion_text(answer))
-    assert s.input_ids[s.n_prompt:] != alone  # the prompt's trailing run moves the cut
+    text = r.completion_text(answer)
+    alone = [i for p in walk(text[:-len("<|im_end|>")])
+             for i in kimi_tokenizer._enc.encode(p, allowed_special="all")]
+    assert s.input_ids[s.n_prompt:] == alone + [163586]
+    whole = r.render_text(context, None, add_generation_prompt=True) + text
+    as_one = [i for p in walk(whole) for i in kimi_tokenizer._enc.encode(p, allowed_special="all")]
+    assert s.input_ids != as_one  # what the tokenizer's own encode of the whole string gives
+
+
+def test_a_run_reaching_a_special_token_in_a_completion_keeps_the_token(kimi_tokenizer):
+    # The model sampled `<|im_end|>` as one id; the whole-string encode would cut the run
+    # inside its text.
+    r = get_renderer("kimi-k2.5", kimi_tokenizer, thinking=False)
+    ids = r.completion_ids({"role": "assistant", "content": "x" * 24995})
+    assert ids[-1] == 163586
+    assert kimi_tokenizer.encode("x" * 24995 + "<|im_end|>")[-1] != 163586

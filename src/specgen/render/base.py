@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..conversation import AssistantMessage, Message, Tool
-from ..tokenizer import Tokenizer
+from ..tokenizer import MAX_RUN, Tokenizer
 
 
 class RenderError(ValueError):
@@ -126,12 +126,15 @@ class Renderer:
         self, text: str, *, context: Sequence[Message] | None = None,
         tools: Sequence[Tool] | None = None,
     ) -> list[int]:
-        """Ids of completion text as one string with its prompt encodes them: the Kimi
-        encoder's long-run rule counts the prompt's trailing run (docs/tokenizers.md)."""
-        if context is None or not self.tokenizer.prefix_sensitive:
-            return self.tokenizer.encode(text)
-        prompt = self.render_text(context, tools, add_generation_prompt=True)
-        return self.tokenizer.encode_after(prompt, text)
+        """Ids of completion text, as the model sampled it: encoded on its own, special tokens
+        split off first. A served model samples the completion after the prompt (the prompt is
+        encoded, the completion is not), so the Kimi encoder's long-run rule counts no text of
+        the prompt and no special token's text into a run of the completion (docs/renderers.md,
+        "Long runs in a completion"). `context`/`tools` are accepted for subclasses."""
+        tok = self.tokenizer
+        if tok.prefix_sensitive and len(text) > MAX_RUN:
+            tok = tok.with_encode("split_special")
+        return tok.encode(text)
 
     def sample(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> Sample:
         """One forward pass: prompt of messages[:-1] (mask 0) + sampled ids of messages[-1]

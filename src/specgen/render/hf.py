@@ -155,7 +155,7 @@ class HFRenderer(Renderer):
         if messages and messages[-1].get("role") == "assistant":
             prompt, completion = self._split(list(messages[:-1]), messages[-1], tools)
             return Sample.from_parts(self.tokenizer.encode(prompt),
-                                     self.tokenizer.encode_after(prompt, completion))
+                                     self.encode_completion(completion))
         return Sample.from_parts(self.prompt_ids(messages, tools), [])
 
     def _split(self, context: list[Message], message: Message, tools) -> tuple[str, str]:
