@@ -42,7 +42,11 @@ K25_DEFAULT_SYSTEM: str | None = None
 
 def content_with_media(content, media_image: str = MEDIA_IMAGE, image_keys: bool = False) -> str:
     """Message content as template text: text parts concatenated, images as `media_image`
-    (a part is an image by its type, or with `image_keys` also by an image/image_url key)."""
+    (a part is an image by its type, or with `image_keys` also by an image/image_url key).
+
+    A bare string inside list content has no `type` or `text` for the templates to read: K2.5
+    writes nothing for it; K2-Thinking and K2-Instruct (`image_keys`) test `'image' in part`,
+    a substring test on a string, so one containing "image" becomes the media placeholder."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -52,7 +56,8 @@ def content_with_media(content, media_image: str = MEDIA_IMAGE, image_keys: bool
     out = []
     for part in content:
         if isinstance(part, str):
-            out.append(part)
+            if image_keys and "image" in part:
+                out.append(media_image)
         elif not isinstance(part, dict):
             raise RenderError(f"content part must be an object, not {type(part).__name__}")
         elif part.get("type") in ("image", "image_url") or image_keys and (
@@ -79,6 +84,9 @@ class KimiRenderer(Renderer):
     media_image: str = field(default=MEDIA_IMAGE, init=False)
     image_keys: bool = field(default=False, init=False)  # an image/image_url key marks an image
 
+    # Roles that get a `ROLE name <|im_middle|>` header (None: every role).
+    header_roles: frozenset[str] | None = field(default=None, init=False)
+
     # The template loops over `message['content']` (K2-Instruct) or over a variable set from
     # it (K2.5, K2-Thinking): vLLM hands list content as parts only in the first case; SGLang
     # always, as every Kimi template mentions images.
@@ -86,6 +94,12 @@ class KimiRenderer(Renderer):
 
     def content_text(self, content) -> str:
         return content_with_media(content, self.media_image, self.image_keys)
+
+    def assistant_message(self, m: Message | AssistantMessage) -> AssistantMessage:
+        """An assistant message as this template sees it (its own media rule for images)."""
+        if isinstance(m, AssistantMessage):
+            return m
+        return _assistant(m, self.content_text)
 
     def content_format(self, serving: str) -> str:
         return "openai" if serving == "sglang" or self.loops_over_content else "string"
@@ -125,6 +139,8 @@ class KimiRenderer(Renderer):
             raise RenderError(f"message has no role: {str(m)[:80]}")
         name = m.get("name") or role
         head = f"{ROLE_TOKEN.get(role, IM_SYSTEM)}{name}{IM_MIDDLE}"
+        if self.header_roles is not None and role not in self.header_roles:
+            head = ""  # K2-Instruct's template writes no header for other roles (developer…)
         if role == "assistant":
             return head + self._assistant_body(m, keep_reasoning=keep_reasoning) + IM_END
         if role == "tool":
@@ -136,7 +152,7 @@ class KimiRenderer(Renderer):
         return f"## Return of {m.get('tool_call_id') or ''}\n{self.content_text(m.get('content'))}"
 
     def _assistant_body(self, m: Message | AssistantMessage, *, keep_reasoning: bool) -> str:
-        msg = m if isinstance(m, AssistantMessage) else _assistant(m)
+        msg = self.assistant_message(m)
         body = msg.content + tool_call_section(msg.tool_calls)
         if not self.has_thinking:
             return body
@@ -145,7 +161,7 @@ class KimiRenderer(Renderer):
 
     def completion_text(self, message, *, context=None, tools=None) -> str:
         # Kimi renders an assistant message the same whatever came before it.
-        msg = message if isinstance(message, AssistantMessage) else _assistant(message)
+        msg = self.assistant_message(message)
         body = msg.content + tool_call_section(msg.tool_calls) + IM_END
         if not self.has_thinking:
             return body
@@ -167,7 +183,7 @@ class KimiRenderer(Renderer):
           without `</think>` (the stacks' Kimi reasoning parsers end reasoning there);
         * `no_think_end+no_section_end` — both.
         """
-        msg = message if isinstance(message, AssistantMessage) else _assistant(message)
+        msg = self.assistant_message(message)
         canonical = self.completion_text(msg)
         out = {"canonical": canonical}
         if not msg.tool_calls:
@@ -294,6 +310,8 @@ class KimiK2InstructRenderer(KimiRenderer):
     image_keys: bool = field(default=True, init=False)
     loops_over_content: bool = field(default=True, init=False)
     tool_json_separators: tuple[str, str] = field(default=(", ", ": "), init=False)
+    header_roles: frozenset[str] | None = field(
+        default=frozenset({"system", "user", "assistant", "tool"}), init=False)
 
     def tool_declaration(self, tools):
         return tools_json(tools, self.tool_json_separators)
@@ -315,11 +333,21 @@ def tool_name_from_id(call_id: str) -> str:
     return head if sep and tail.isdigit() else name
 
 
-def _assistant(m: Message) -> AssistantMessage:
+def _assistant(m: Message, content_text=content_with_media) -> AssistantMessage:
+    calls = m.get("tool_calls") or ()
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict):
+            raise RenderError(f"tool_calls[{j}] has no function (only function calls can be "
+                              "rendered by the Kimi templates)")
+        if "arguments" not in fn:
+            # The official templates fail here (`arguments` undefined); never invent one.
+            raise RenderError(f"tool_calls[{j}].function.arguments is missing (the template "
+                              "writes the arguments string the model produced)")
     return AssistantMessage(
-        content=content_with_media(m.get("content")),
+        content=content_text(m.get("content")),
         reasoning=message_reasoning(m),
-        tool_calls=tuple(ToolCall.from_openai(c) for c in m.get("tool_calls") or ()),
+        tool_calls=tuple(ToolCall.from_openai(c) for c in calls),
     )
 
 

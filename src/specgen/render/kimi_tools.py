@@ -155,14 +155,15 @@ class _Type:
 
 
 class _Scalar(_Type):
-    def __init__(self, name: str, schema: Mapping[str, Any] | None = None):
-        if not isinstance(name, str):
-            raise ToolSchemaError(f"unsupported schema type {name!r}")
-        super().__init__(schema or {}, _CONSTRAINT_KEYS.get(name, ()))
+    def __init__(self, name: Any, schema: Mapping[str, Any] | None = None):
+        # Any other `type` value is written as Python's str() of it, as the official encoder
+        # does (`"type": null` -> `None`, an object type -> its dict repr).
+        keys = _CONSTRAINT_KEYS.get(name, ()) if isinstance(name, str) else ()
+        super().__init__(schema or {}, keys)
         self.name = "number" if name == "integer" else name
 
     def ts(self, indent: str) -> str:
-        return self.name
+        return str(self.name)
 
 
 class _Field:
@@ -196,14 +197,14 @@ class _Object(_Type):
             self.extra = extra
         else:
             raise ToolSchemaError(f"unsupported additionalProperties {extra!r}")
-        props = schema.get("properties")
-        if props is None:
+        if "properties" not in schema:
             return
+        props = schema["properties"]
         if not isinstance(props, dict):
             raise ToolSchemaError("properties must be an object")
-        required = schema.get("required", [])
-        if not isinstance(required, list):
-            raise ToolSchemaError("required must be a list")
+        # The official encoder takes `set(required)`: a string names its characters (an
+        # unhashable member or a number raises TypeError: the JSON fallback).
+        required = set(schema.get("required", []))
         for name, prop in props.items():
             default = prop.get("default") if isinstance(prop, dict) else None
             self.fields.append(_Field(name, _parse(prop, reg), name not in required, default))
@@ -246,8 +247,9 @@ class _Enum(_Type):
     def __init__(self, schema: Mapping[str, Any]):
         super().__init__(schema)
         values = schema["enum"]
-        if not isinstance(values, list):
+        if not isinstance(values, list | str | dict):
             raise ToolSchemaError("enum must be a list")
+        values = list(values)  # as the official encoder iterates it: "abc" -> a, b, c
         if "type" in schema:
             _check_enum_type(values, schema["type"])
         self.values = values

@@ -54,12 +54,23 @@ def _check_message(m: Any, where: str) -> None:
             raise RenderError(f"{at}: expected an object, got {_kind(call)}")
         if not isinstance(call.get("id"), _TEXT_OR_NONE):
             raise RenderError(f"{at}.id: expected a string, got {_kind(call['id'])}")
-        fn = call.get("function")
+        if "function" not in call:
+            kind = call.get("type")
+            what = (f"a {kind!r} tool call" if isinstance(kind, str) and kind != "function"
+                    else "this tool call")
+            raise RenderError(f"{at}.function: missing ({what} has no function; chat templates "
+                              "render function calls only)")
+        fn = call["function"]
         if not isinstance(fn, dict):
             raise RenderError(f"{at}.function: expected an object, got {_kind(fn)}")
-        if not isinstance(fn.get("name"), str):
-            raise RenderError(f"{at}.function.name: expected a string, got {_kind(fn.get('name'))}")
-        if not isinstance(fn.get("arguments", ""), str | dict | list):
+        if "name" not in fn:
+            raise RenderError(f"{at}.function.name: missing")
+        if not isinstance(fn["name"], str):
+            raise RenderError(f"{at}.function.name: expected a string, got {_kind(fn['name'])}")
+        if "arguments" not in fn:
+            raise RenderError(f"{at}.function.arguments: missing (the template writes the "
+                              "arguments string the model produced; none is invented)")
+        if not isinstance(fn["arguments"], str | dict | list):
             raise RenderError(
                 f"{at}.function.arguments: expected a string (or JSON object), "
                 f"got {_kind(fn['arguments'])}"
