@@ -123,3 +123,76 @@ def test_the_trainers_load_it(planted_run, tmp_path):  # noqa: F811
     if with_torch:
         assert result.get("token_freq_pt_equal") and result.get("specforge_equal"), result
 
+
+
+def tokens_rows(run, tmp_path) -> list[dict]:
+    tok = tmp_path / "t.jsonl"
+    proc = cli("export", str(run), "-f", "tokens", "--jsonl", "-o", str(tok))
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in tok.read_text().splitlines()]
+
+
+def specforge_choice(rows, draft_size: int, max_length: int | None) -> list[int]:
+    """SpecForge's rule, written here from its preprocessing code: each sample truncated to
+    max_length, its loss-masked ids `unique()`d (ascending) into a Counter, then
+    `most_common(draft_size)` (ties: first inserted), the chosen ids sorted."""
+    counter: Counter[int] = Counter()
+    for row in rows:
+        ids, mask = row["input_ids"][:max_length], row["loss_mask"][:max_length]
+        masked = Counter(i for i, m in zip(ids, mask, strict=True) if m)
+        counter.update(dict(sorted(masked.items())))
+    return sorted(t for t, _ in counter.most_common(draft_size))
+
+
+def chosen_ids(out: Path) -> list[int]:
+    _, d2t = read_npy(out / "d2t.npy")
+    return [i + off for i, off in enumerate(d2t)]
+
+
+@pytest.mark.parametrize("max_length", [None, 40, 200])
+def test_first_seen_ties_and_max_length_give_specforges_mapping(planted_run, tmp_path,  # noqa: F811
+                                                                 max_length):
+    rows = tokens_rows(planted_run, tmp_path)
+    extra = [] if max_length is None else ["--max-length", str(max_length)]
+    differs = False
+    for size in (8, 21, 50, 97):
+        out = tmp_path / f"v{size}-{max_length}"
+        proc = cli("export", str(planted_run), "-f", "vocab", "--draft-vocab-size", str(size),
+                   "--vocab-ties", "first-seen", "-o", str(out), *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert chosen_ids(out) == specforge_choice(rows, size, max_length)
+        low = tmp_path / f"l{size}-{max_length}"
+        assert cli("export", str(planted_run), "-f", "vocab", "--draft-vocab-size", str(size),
+                   "-o", str(low), *extra).returncode == 0
+        differs |= chosen_ids(low) != chosen_ids(out)
+        m = json.loads((out / "manifest.json").read_text())["vocab"]
+        assert m["ties"] == "first-seen" and m["max_length"] == max_length
+    if max_length is not None:
+        got = {int(k): v for k, v in json.loads((out / "token_freq.json").read_text()).items()}
+        want: Counter[int] = Counter()
+        for row in rows:
+            want.update(i for i, m in zip(row["input_ids"][:max_length],
+                                          row["loss_mask"][:max_length], strict=True) if m)
+        assert got == dict(want) and sum(want.values()) < sum(
+            sum(r["loss_mask"]) for r in rows)  # the cut left trained tokens out
+    assert differs  # the two tie rules pick differently somewhere on this data
+
+
+def test_the_tie_rules_differ_only_among_equal_counts():
+    from specgen.export.vocab import draft_vocab
+
+    counts = Counter({9: 5, 3: 2, 7: 2, 1: 1})
+    assert draft_vocab(counts, 2, 10) == [3, 9]  # lowest id among the 2s
+    assert draft_vocab(counts, 2, 10, first_seen={9: 0, 7: 1, 3: 2, 1: 3}) == [7, 9]
+    assert draft_vocab(counts, 3, 10, first_seen={9: 0, 7: 1, 3: 2, 1: 3}) == [3, 7, 9]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-f", "vocab", "--max-length", "0"], "--max-length must be at least 1"),
+    (["-f", "tokens", "--max-length", "5"], "apply to --format vocab only"),
+    (["-f", "tokens", "--vocab-ties", "first-seen"], "apply to --format vocab only"),
+])
+def test_vocab_options_are_checked(planted_run, tmp_path, args, message):  # noqa: F811
+    proc = cli("export", str(planted_run), *args, "-o", str(tmp_path / "v"))
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -159,6 +159,10 @@ def test_a_text_export_does_not_claim_the_backends_ids(tmp_path):
     assert text.returncode == 0
     assert "backend's own ids (true ids)" not in text.stdout
     assert "the specforge format carries text" in text.stdout
+    vocab = cli("export", "run-dir", "--format", "vocab", cwd=tmp_path)
+    assert vocab.returncode == 0, vocab.stderr
+    assert "4 of them counted with the backend's own ids (true ids)" in vocab.stdout
+    assert "carries text" not in vocab.stdout  # a vocabulary counts ids, it carries no text
 
 
 LENGTH_RUN = """[sampling]

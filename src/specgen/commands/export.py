@@ -42,6 +42,14 @@ def add_parser(subparsers) -> None:
                         "when smaller)")
     p.add_argument("--target-vocab-size", type=int, metavar="N",
                    help="vocab: the target's vocabulary size (default: the run's tokenizer's)")
+    p.add_argument("--max-length", type=int, metavar="N",
+                   help="vocab: count only the first N tokens of each sample, as a trainer "
+                        "that truncates samples at N does (SpecForge's --max-length)")
+    p.add_argument("--vocab-ties", choices=["lowest-id", "first-seen"], default="lowest-id",
+                   help="vocab: which of equally frequent ids enters the draft vocabulary: "
+                        "the lower id (speculators' rule, the default) or the one seen first "
+                        "in the export's sample order (SpecForge's rule over the order it "
+                        "reads samples in; docs/stats.md)")
     add_filter_options(p)
     p.set_defaults(func=run)
 
@@ -85,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         include_excluded_providers=args.include_excluded_providers,
         min_trainable_tokens=args.min_trainable_tokens, max_repetition=args.max_repetition,
         dedup=args.dedup, drop_truncated=args.drop_truncated,
-        draft_vocab_size=args.draft_vocab_size, target_vocab_size=args.target_vocab_size)
+        draft_vocab_size=args.draft_vocab_size, target_vocab_size=args.target_vocab_size,
+        max_length=args.max_length, vocab_ties=args.vocab_ties)
     try:
         manifest = export_run(args.run_dir, opts)
     except (ExportError, StoreError) as exc:
@@ -117,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
           f"manifest {tidy(manifest['manifest_path'])}")
     if t["true_id_samples"] and opts.format == "tokens":
         print(f"{t['true_id_samples']:,} of them as the backend's own ids (true ids)")
+    elif t["true_id_samples"] and opts.format == "vocab":
+        print(f"{t['true_id_samples']:,} of them counted with the backend's own ids (true ids)")
     elif t["true_id_samples"]:
         print(f"{t['true_id_samples']:,} of them have the backend's own ids; the {opts.format} "
               "format carries text (the trainer tokenizes it): --format tokens exports the ids")

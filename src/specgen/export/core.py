@@ -39,7 +39,13 @@ from .tokens import (
     token_row,
     token_samples,
 )
-from .vocab import DEFAULT_DRAFT_VOCAB, VocabError, count_trained, write_vocab_files
+from .vocab import (
+    DEFAULT_DRAFT_VOCAB,
+    TIE_RULES,
+    VocabError,
+    count_trained,
+    write_vocab_files,
+)
 from .writers import JsonlWriter, ParquetWriter, Writer
 
 FORMATS = ("tokens", "specforge", "openai", "vocab")
@@ -69,6 +75,8 @@ class ExportOptions:
     # run's tokenizer)
     draft_vocab_size: int | None = None  # None: 32000, or the target's size when smaller
     target_vocab_size: int | None = None
+    max_length: int | None = None  # count only the first N ids of each sample
+    vocab_ties: str = "lowest-id"  # export.vocab.TIE_RULES
 
     def extension(self) -> str:
         return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
@@ -160,6 +168,12 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
                           "writes a directory, but a file is there")
     if opts.format == "vocab" and opts.split_by_dataset:
         raise ExportError("--split-by-dataset does not apply to --format vocab")
+    if opts.format != "vocab" and (opts.max_length is not None or opts.vocab_ties != "lowest-id"):
+        raise ExportError("--max-length and --vocab-ties apply to --format vocab only")
+    if opts.max_length is not None and opts.max_length < 1:
+        raise ExportError(f"--max-length must be at least 1 (got {opts.max_length})")
+    if opts.vocab_ties not in TIE_RULES:
+        raise ExportError(f"--vocab-ties must be one of {', '.join(TIE_RULES)}")
     if not opts.as_directory and out.is_dir():
         raise ExportError(f"{out} is a directory; give a file name (or use --split-by-dataset)")
 
@@ -181,14 +195,18 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
                 max_repetition=opts.max_repetition, dedup=opts.dedup,
                 drop_truncated=opts.drop_truncated)
             counts: Counter[int] | None = Counter() if opts.format == "vocab" else None
-            totals, files = _write(store, selected, stage, opts, meta, sample_filter, counts)
+            first_seen = {} if counts is not None and opts.vocab_ties == "first-seen" else None
+            totals, files = _write(store, selected, stage, opts, meta, sample_filter, counts,
+                                   first_seen)
             manifest = build_manifest(run_dir, meta, opts, out, selected, totals, files)
             if counts is not None:
                 try:
                     target = opts.target_vocab_size or target_vocab_size(meta)
                     draft = (min(DEFAULT_DRAFT_VOCAB, target) if opts.draft_vocab_size is None
                              else opts.draft_vocab_size)
-                    manifest["vocab"] = write_vocab_files(stage, out, counts, draft, target)
+                    manifest["vocab"] = write_vocab_files(
+                        stage, out, counts, draft, target, first_seen=first_seen,
+                        max_length=opts.max_length)
                 except VocabError as exc:
                     raise ExportError(str(exc)) from None
             if sample_filter.active:
@@ -288,7 +306,7 @@ class Staging:
 
 def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOptions,
            meta: dict[str, str], sample_filter: SampleFilter | None = None,
-           counts: Counter[int] | None = None,
+           counts: Counter[int] | None = None, first_seen: dict[int, int] | None = None,
            ) -> tuple[dict[str, DatasetTotals], list[dict[str, Any]]]:
     out = stage.out
     totals = {d: DatasetTotals() for d in selected}
@@ -323,7 +341,8 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
         if sample_filter is not None and sample_filter.active:
             rows_in = sample_filter.apply(rows_in)
         if counts is not None:
-            rows_in = count_trained(rows_in, counts)
+            rows_in = count_trained(rows_in, counts, max_length=opts.max_length,
+                                    first_seen=first_seen)
         groups = group_by_conversation(rows_in)
         if opts.format == "vocab":
             for rows in groups:

@@ -2,8 +2,11 @@
 
 Token frequencies are counted over the trained tokens (loss mask 1) of exactly the samples a
 `tokens` export with the same options would hold (the same exclusions and filters). The draft
-vocabulary is the `draft_vocab_size` most frequent of them (ties: the lower id first), topped
-up with the lowest unused ids when fewer were seen, in ascending id order. Then
+vocabulary is the `draft_vocab_size` most frequent of them, topped up with the lowest unused
+ids when fewer were seen, in ascending id order. Ties in count: the lower id first
+(`--vocab-ties lowest-id`, speculators' rule), or the id seen first in the export's sample order
+(`first-seen`, SpecForge's rule over the order it reads samples in). `--max-length N` counts
+only the first N ids of each sample, as a trainer that truncates there does. Then
 
 * `d2t[i]` = target id of draft id i, minus i (an offset, int64, `draft_vocab_size` long);
 * `t2d[t]` = whether target id t is in the draft vocabulary (bool, `target_vocab_size` long).
@@ -40,16 +43,32 @@ class VocabError(ValueError):
     """The vocabulary cannot be built as asked (sizes)."""
 
 
-def count_trained(rows: Iterable[ResultRow], counts: Counter[int]) -> Iterable[ResultRow]:
-    """Pass rows through, counting the ids of their trained part (the completion)."""
+TIE_RULES = ("lowest-id", "first-seen")
+
+
+def count_trained(rows: Iterable[ResultRow], counts: Counter[int], *,
+                  max_length: int | None = None,
+                  first_seen: dict[int, int] | None = None) -> Iterable[ResultRow]:
+    """Pass rows through, counting the ids of their trained part (the completion).
+
+    `max_length`: only the first N ids of each sample count (a trainer that truncates there
+    never sees the rest). `first_seen` records each id's first appearance: samples in export
+    order, ascending ids within a sample (SpecForge adds each sample's `unique()` ids to its
+    Counter in that order)."""
     for r in rows:
         ids, n_prompt = exported_ids(r)
-        counts.update(ids[n_prompt:])
+        trained = ids[n_prompt:max_length] if max_length is not None else ids[n_prompt:]
+        counts.update(trained)
+        if first_seen is not None:
+            for t in sorted(set(trained)):
+                first_seen.setdefault(t, len(first_seen))
         yield r
 
 
-def draft_vocab(counts: Counter[int], draft_size: int, target_size: int) -> list[int]:
-    """The draft vocabulary: target ids, ascending (see the module doc)."""
+def draft_vocab(counts: Counter[int], draft_size: int, target_size: int,
+                first_seen: dict[int, int] | None = None) -> list[int]:
+    """The draft vocabulary: target ids, ascending (see the module doc). Ties in count go to
+    the lower id, or with `first_seen` to the id seen first."""
     if draft_size < 1:
         raise VocabError(f"--draft-vocab-size must be at least 1 (got {draft_size})")
     if draft_size > target_size:
@@ -59,7 +78,10 @@ def draft_vocab(counts: Counter[int], draft_size: int, target_size: int) -> list
     if seen_max >= target_size:
         raise VocabError(f"the samples hold token id {seen_max:,}, outside the target's "
                          f"vocabulary of {target_size:,} ids: give --target-vocab-size")
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    if first_seen is None:
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    else:
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], first_seen[kv[0]]))
     chosen = [t for t, _ in ranked[:draft_size]]
     if len(chosen) < draft_size:
         have = set(chosen)
@@ -95,12 +117,13 @@ def int64_le(values: list[int]) -> bytes:
 
 
 def write_vocab_files(stage, out: Path, counts: Counter[int], draft_size: int,
-                      target_size: int) -> dict[str, Any]:
+                      target_size: int, *, first_seen: dict[int, int] | None = None,
+                      max_length: int | None = None) -> dict[str, Any]:
     """Write the files into `stage` (export.core.Staging of the directory `out`); returns the
     manifest's `vocab` entry."""
     import orjson
 
-    chosen = draft_vocab(counts, draft_size, target_size)
+    chosen = draft_vocab(counts, draft_size, target_size, first_seen)
     d2t, t2d = d2t_t2d(chosen, target_size)
     files: list[str] = []
 
@@ -141,6 +164,8 @@ def write_vocab_files(stage, out: Path, counts: Counter[int], draft_size: int,
         "trained_tokens": total,
         "coverage": round(covered / total, 6) if total else None,
         "files": files,
+        "ties": "first-seen" if first_seen is not None else "lowest-id",
+        "max_length": max_length,
         "torch": torch_note or "token_freq.pt and vocab_mapping.pt written with torch",
         "layout": {
             "d2t": "int64 offsets: target id = draft id + d2t[draft id]",
