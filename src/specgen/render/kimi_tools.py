@@ -162,8 +162,10 @@ class _Scalar(_Type):
         super().__init__(schema or {}, keys)
         self.name = "number" if name == "integer" else name
 
-    def ts(self, indent: str) -> str:
-        return str(self.name)
+    def ts(self, indent: str) -> Any:
+        # The official encoder returns the value itself: an f-string then writes str() of it,
+        # while a join or a `+` with it raises TypeError (the JSON fallback).
+        return self.name
 
 
 class _Field:
@@ -239,7 +241,10 @@ class _Array(_Type):
         inner = indent + INDENT
         item_comments = self.item.comments(inner)
         if item_comments:
-            return f"Array<\n{item_comments}{inner}{self.item.ts(inner)}\n{indent}>"
+            item = self.item.ts(inner)
+            if not isinstance(item, str):  # the official encoder concatenates with `+` here
+                raise TypeError(f"array item type {item!r} is not a string")
+            return f"Array<\n{item_comments}{inner}{item}\n{indent}>"
         return f"Array<{self.item.ts(indent)}>"
 
 
