@@ -161,19 +161,7 @@ def split_special_ids(official: OfficialKimi, text: str) -> list[int]:
     add_special_tokens=False)` and apply_chat_template run, and so vLLM and SGLang): the added
     tokens split off first (leftmost, then longest), the tokenizer's own encode on each text
     between them."""
-    import re
-
-    names = sorted(official.enc._special_tokens, key=len, reverse=True)
-    pattern = re.compile("|".join(map(re.escape, names)))
-    out, pos = [], 0
-    for m in pattern.finditer(text):
-        if m.start() > pos:
-            out += official.encode(text[pos:m.start()])
-        out.append(official.enc._special_tokens[m.group()])
-        pos = m.end()
-    if pos < len(text):
-        out += official.encode(text[pos:])
-    return out
+    return official.encode_sampled(text)
 
 
 def test_long_run_into_special_text_whole_and_split_special(tok, official_k25) -> None:  # noqa: F811

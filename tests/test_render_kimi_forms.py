@@ -66,3 +66,11 @@ def test_plain_answers_and_answers_with_content_have_one_form(tok):
     assert list(off.completion_variants({"role": "assistant", "content": "",
                                          "tool_calls": [CALL]})) == ["canonical",
                                                                      "no_section_end"]
+
+
+def test_other_renderers_have_one_form(tok):
+    from specgen.render.hf import HFRenderer  # noqa: F401 - the base rule, through `hf`
+    r = get_renderer("hf", tok, template="{% for m in messages %}{{ m['content'] }}<|im_end|>"
+                     "{% endfor %}")
+    msg = {"role": "assistant", "content": "hi"}
+    assert r.completion_variant_ids(msg) == {"canonical": r.completion_ids(msg)}

@@ -122,6 +122,24 @@ class Renderer:
         text = self.completion_text(message, context=context, tools=tools)
         return self.encode_completion(text, context=context, tools=tools)
 
+    def completion_variants(
+        self, message: Message | AssistantMessage, *,
+        context: Sequence[Message] | None = None, tools: Sequence[Tool] | None = None,
+    ) -> dict[str, str]:
+        """Every form the model may have sampled for this message that gives the same API
+        answer, by name, the canonical `completion_text` first. One form unless the template
+        has markers a serving stack's parser does not require (the Kimi renderers)."""
+        return {"canonical": self.completion_text(message, context=context, tools=tools)}
+
+    def completion_variant_ids(
+        self, message: Message | AssistantMessage, *,
+        context: Sequence[Message] | None = None, tools: Sequence[Tool] | None = None,
+    ) -> dict[str, list[int]]:
+        """`completion_variants` encoded as the completion is (`encode_completion`)."""
+        forms = self.completion_variants(message, context=context, tools=tools)
+        return {name: self.encode_completion(text, context=context, tools=tools)
+                for name, text in forms.items()}
+
     def encode_completion(
         self, text: str, *, context: Sequence[Message] | None = None,
         tools: Sequence[Tool] | None = None,

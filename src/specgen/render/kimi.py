@@ -171,7 +171,7 @@ class KimiRenderer(Renderer):
             return f"{reasoning}{END_THINK}{body}" if self.thinking else body
         return f"{THINK}{reasoning}{END_THINK}{body}"  # K2-Thinking opens <think> itself
 
-    def completion_variants(self, message) -> dict[str, str]:
+    def completion_variants(self, message, *, context=None, tools=None) -> dict[str, str]:
         """Every form the model may have sampled for this assistant message, by name; the
         canonical one (`completion_text`) first. The API answer is the same for all of them,
         only the count witness can tell them apart (docs/renderers.md, "What the model
@@ -199,11 +199,6 @@ class KimiRenderer(Renderer):
                 key = "no_think_end" if name == "canonical" else "no_think_end+no_section_end"
                 out[key] = text[:at] + text[at + len(END_THINK):]
         return out
-
-    def completion_variant_ids(self, message, *, context=None, tools=None) -> dict[str, list[int]]:
-        """`completion_variants` encoded as the completion is (`encode_completion`)."""
-        return {name: self.encode_completion(text, context=context, tools=tools)
-                for name, text in self.completion_variants(message).items()}
 
     # -- parsing ----------------------------------------------------------------------------
     @property
