@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+HERE = os.path.dirname(os.path.abspath(__file__))  # bench/tokenize.py shadows the stdlib's
+sys.path[:] = [str(ROOT / "src"), str(ROOT / "tests")] + [
+    p for p in sys.path if os.path.abspath(p or ".") != HERE]
 
 from kimi_differential import difference  # noqa: E402
 from kimi_random import Gen  # noqa: E402

@@ -19,7 +19,7 @@ from official_kimi import OfficialKimi
 from specgen.render import get_renderer
 from specgen.tokenizer import load_tokenizer
 
-N = 40
+N = 25
 
 
 @pytest.fixture(scope="module")
