@@ -194,4 +194,11 @@ class Gen:
                 if not allow_none and m["content"] is None:
                     m["content"] = ""
                 msgs.append(m)
+        if tool_calls and r.random() < 0.3:  # end on a tool-call turn (the sample is compared)
+            name = self.name()
+            calls = [{"id": f"functions.{name}:{k + j}", "type": "function",
+                      "function": {"name": name, "arguments": self.arguments()}}
+                     for j in range(r.randint(1, 2))]
+            msgs.append(self.assistant(calls=calls,
+                                       long_start=self.long_runs and r.random() < 0.1))
         return msgs
