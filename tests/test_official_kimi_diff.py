@@ -9,8 +9,9 @@ list content, names, literal special-token text, CJK/CRLF, long same-class runs,
 non-JSON arguments; thinking on and off.
 
 Compared, for every conversation: the prompt ids before every assistant message and at an open
-end, and the whole sample when the final assistant message is one the template renders as it
-was sampled (a tool-calling turn, or any turn with thinking off). A final plain answer with
+end, and the whole sample (the official prompt, then its completion text encoded as sampled:
+docs/renderers.md, "Long runs in a completion") when the final assistant message is one the
+template renders as it was sampled (a tool-calling turn, or any turn with thinking off). A final plain answer with
 thinking on is never rendered with its reasoning by the template (it drops the reasoning of the
 last plain answer), so only its prompt is compared there.
 """
