@@ -26,14 +26,24 @@ def test_exact_and_mismatch():
     assert w.judge("A", prompt=100, completion=50, usage=usage(100, 50)).check == "exact"
     v = w.judge("A", prompt=100, completion=50, usage=usage(100, 53))
     assert v.check == "mismatch" and "ours 50, provider 53" in v.detail
-    # the prompt side records: a delta is the provider's rendering, never a verdict on a
-    # right completion, whatever the shape's earlier deltas were
+    # the prompt side of a single-turn request: a constant per request shape (its rendering
+    # of the tools block), known once two answers show it (80% of the shape's answers)
     v = w.judge("A", prompt=100, completion=50, usage=usage(112, 50), shape="s", key=1,
                 tools=True)
-    assert (v.check, v.prompt_check, v.prompt_delta) == ("exact", "rendering", 12)
-    v = w.judge("A", prompt=100, completion=50, usage=usage(105, 50), shape="s", key=3,
+    assert (v.check, v.prompt_check, v.prompt_delta) == ("pending", "pending", 12)
+    v = w.judge("A", prompt=90, completion=50, usage=usage(102, 50), shape="s", key=2,
                 tools=True)
     assert (v.check, v.prompt_check) == ("exact", "rendering")
+    assert [(r.key, r.prompt_check, r.count_check) for r in w.take_resolved()
+            if isinstance(r.key, int)] == [(1, "rendering", "exact")]
+    # more than the shape's rendering: recorded; less: the model saw less (a mismatch)
+    v = w.judge("A", prompt=100, completion=50, usage=usage(114, 50), shape="s", key=3,
+                tools=True)
+    assert (v.check, v.prompt_check) == ("exact", "rendering")
+    v = w.judge("A", prompt=100, completion=50, usage=usage(105, 50), shape="s", key=4,
+                tools=True)
+    assert (v.check, v.prompt_check) == ("mismatch", "shortfall")
+    assert v.detail.startswith("prompt: ours 100, provider 105")
     # a history explains a delta; an absent system prompt explains the default one's
     v = w.judge("A", prompt=600, completion=50, usage=usage(26, 50), history=True,
                 prompt_floor=lambda: 20)
@@ -71,7 +81,8 @@ def test_a_constant_offset_is_learned_but_a_large_one_is_content():
     # a hidden system prompt: a constant per request shape on the prompt side, recorded
     checks = [w.judge("B", prompt=10, completion=40, usage=usage(10 + MAX_OFFSET + 10, 39),
                       shape="s", key=100 + k).check for k in range(3)]
-    assert checks == ["exact"] * 3
+    assert checks == ["pending", "exact", "exact"]
+    assert [r.key for r in w.take_resolved()] == [100]
     assert w.to_json()["B"]["prompt_shapes"]["s"]["delta"] == MAX_OFFSET + 10
 
 
@@ -151,23 +162,36 @@ def test_the_shape_signature_is_the_tools_block_system_prompt_and_thinking_mode(
                 shape_signature(tools, user, False), shape_signature(tools, user, None)}) == 5
 
 
-def test_the_prompt_side_classes_do_not_depend_on_the_order_answers_arrive():
-    for order in ([9, 9, 4], [9, 4, 9], [4, 9, 9]):
-        book = ShapeBook()
-        got = [book.judge("P", "s", d, prompt=100, tools=True)[0] for d in order]
-        assert got == ["rendering"] * 3  # recorded, not judged against each other
-        assert book.expected("P", "s") is None  # 9 holds 2 of 3: no rendering adopted
+@pytest.mark.parametrize("order", [[9, 9, 9, 9, 4], [9, 4, 9, 9, 9], [4, 9, 9, 9, 9]])
+def test_no_prompt_class_depends_on_the_order_answers_arrive(order):
     book = ShapeBook()
-    for _ in range(4):
-        book.judge("P", "s", 9, prompt=100, tools=True)
-    assert book.expected("P", "s") == 9
+    final = {}
+    for key, delta in enumerate(order):
+        final[key] = book.judge("P", "s", delta, prompt=100, tools=True, key=key)[0]
+    final.update({r.key: r.prompt_check for r in book.take_resolved()})
+    final.update({r.key: r.prompt_check for r in book.settle()})
+    assert all(final[k] == ("shortfall" if d == 4 else "rendering") for k, d in enumerate(order))
+
+
+def test_settling_gives_every_pending_sample_a_verdict():
+    book = ShapeBook()
+    assert book.judge("P", "once", 7, prompt=100, tools=True, key=1)[0] == "pending"
+    assert book.judge("P", "split", 3, prompt=100, tools=True, key=2)[0] == "pending"
+    assert book.judge("P", "split", 5, prompt=100, tools=True, key=3)[0] == "pending"
+    # exact agreement with the official rendering is never pending, and never a mismatch
+    assert book.judge("P", "split", 0, prompt=100, tools=True, key=4)[0] == "exact"
+    # a history explains a delta: recorded at once, no evidence of the shape
+    assert book.judge("P", "split", -50, prompt=100, tools=True, history=True)[0] == "history"
+    got = {r.key: r.prompt_check for r in book.settle()}
+    assert got == {1: "rendering", 2: "unverified", 3: "unverified"}  # no 80%: no rendering
+    assert book.settle() == []
     # a prompt shorter than ours with nothing to render compactly: a dropped message
     assert book.judge("P", "plain", -40, prompt=100, tools=False)[0] == "shortfall"
-    assert book.judge("P", "tools", -40, prompt=100, tools=True)[0] == "rendering"
+    assert book.judge("P", "tools", -40, prompt=100, tools=True)[0] == "pending"
     assert combine("repaired", "rendering") == "repaired"
     assert combine("exact", "history") == "exact"
     assert combine("exact", "shortfall") == "mismatch"
-    assert combine("pending", "default_system") == "pending"
+    assert combine("exact", "pending") == "pending"
 
 
 def test_a_right_completion_is_kept_whatever_the_providers_rendering():
@@ -178,7 +202,9 @@ def test_a_right_completion_is_kept_whatever_the_providers_rendering():
         v = w.judge("Together", prompt=209, completion=30, usage=usage(218, 30),
                     shape="two-tools", tools=True, key=i)
         assert v.completion_check == "exact" and v.prompt_delta == 9
-        assert v.check == "exact" and v.prompt_check == "rendering"
+    assert v.check == "exact" and v.prompt_check == "rendering"
+    assert [r.prompt_check for r in w.take_resolved() if isinstance(r.key, int)] == [
+        "rendering"]
     # a wrong completion is a mismatch whatever the prompt side: that side is recorded
     v = w.judge("Together", prompt=209, completion=30, usage=usage(218, 45),
                 shape="two-tools", tools=True, key=9)
@@ -186,13 +212,16 @@ def test_a_right_completion_is_kept_whatever_the_providers_rendering():
                                                               "rendering")
 
 
-def test_an_older_stores_pending_prompt_sides_are_classified_on_resume():
+def test_a_resumed_run_judges_the_samples_an_earlier_session_left_pending():
     book = ShapeBook()  # rows in task order, as the store gives them on resume
     book.seed("P", "s", 9, tools=True, key=1, pending=True)
-    book.seed("P", "s", 9, tools=True, key=2)
-    book.seed("P", "s", 0, tools=True, key=3, pending=True)
+    assert book.take_resolved() == []
+    book.seed("P", "s", 9, tools=True, key=2)  # judged its rendering then
+    book.seed("P", "s", 9, tools=True, key=3)
+    book.seed("P", "s", 9, tools=True, key=4)
+    book.seed("P", "s", 4, tools=True, key=5, pending=True)
     got = {r.key: r.prompt_check for r in book.take_resolved()}
-    assert got == {1: "rendering", 3: "exact"}
+    assert got == {1: "rendering", 5: "shortfall"}
     assert book.settle() == []
 
 

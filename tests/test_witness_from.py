@@ -67,17 +67,17 @@ def test_a_probe_measures_the_prompt_deltas_a_run_starts_with(tmp_path, told):
     assert {(r.prompt_shape, r.prompt_delta) for r in rows} <= {(sh, d) for _, sh, d in deltas}
     # what a run does with them: the first answer of a learnt shape, from a provider whose
     # counting offset the probe measured, is not pending
-    offsets = read_offsets(probe_json)
-    assert offsets == {"Shaper": 0}
+    offsets = read_offsets(probe_json)  # per answer form of the canaries
+    assert offsets and {p for p, _ in offsets} == {"Shaper"} and set(offsets.values()) == {0}
     w = CountWitness()
     for provider, shape, delta in deltas:
         w.shapes.learn(provider, shape, delta, tools=True)
-    for provider, offset in offsets.items():
-        w.learn_offset(provider, offset)
+    for (provider, form), offset in offsets.items():
+        w.learn_offset(provider, offset, form)
     _, shape, delta = deltas[0]
     v = w.judge("Shaper", prompt=100, completion=10, usage={"prompt_tokens": 100 + delta,
                                                           "completion_tokens": 10},
-                shape=shape, tools=True, key=1)
+                shape=shape, tools=True, key=1, form=next(iter(offsets))[1])
     assert v.prompt_check == "rendering" and v.check == "exact"
 
 

@@ -53,8 +53,8 @@ class Form:
     exact: Counter = field(default_factory=Counter)  # offset -> answers exact at it
     offset: int | None = None  # adopted
     split: bool = False
-    members: list[tuple[Any, str]] = field(default_factory=list)  # (key, prompt check)
-    # judged at `offset`: made unverified if the form splits
+    members: dict[Any, str] = field(default_factory=dict)  # key -> its prompt check, of
+    # the samples judged at `offset`: made unverified if the form splits
 
     def add(self, support: dict[int, bool]) -> None:
         """An answer right under the offsets of `support` ({offset: exact there})."""

@@ -48,6 +48,7 @@ import orjson
 
 CONFIRM = 2  # single-turn answers showing the same delta before it is the shape's rendering
 SHARE = 0.8  # ... and it holds for this share of them (the evidence rule)
+SPLIT_AFTER = 10  # an adopted rendering is given up below SHARE once this many are in
 MAX_OFFSET = 2  # a counting rule (BOS, stop token) differs by a token or two
 IMPLAUSIBLE_MIN = 8192  # a delta above max(ours, this) is no rendering
 FLOOR_SLACK_PER_MESSAGE = 8  # role markers and wrappers another stack may render shorter
@@ -85,14 +86,16 @@ class ShapeSide:
     tools: bool = False
     deltas: Counter = field(default_factory=Counter)  # of its single-turn prompts
     known: int | None = None
+    pending: list[tuple[Any, int, str]] = field(default_factory=list)  # (key, delta, c-check)
 
 
 class ShapeBook:
-    """Per (provider, shape): the single-turn deltas seen and the shape's rendering."""
+    """Per (provider, shape): the single-turn deltas seen, the shape's rendering, the
+    single-turn samples waiting for it."""
 
     def __init__(self) -> None:
         self.sides: dict[tuple[str, str], ShapeSide] = {}
-        self.resolved: list[Resolved] = []  # an earlier session's pending prompt sides
+        self.resolved: list[Resolved] = []
 
     def _side(self, provider: str, shape: str, tools: bool) -> ShapeSide:
         side = self.sides.get((provider, shape))
@@ -107,54 +110,99 @@ class ShapeBook:
     def judge(self, provider: str, shape: str, delta: int, *, prompt: int, tools: bool,
               history: bool = False, system: bool = True,
               floor: Callable[[], int] | None = None,
-              default_system: Callable[[], int] | None = None) -> tuple[str, str]:
+              default_system: Callable[[], int] | None = None, key: Any = None,
+              completion_check: str = "exact") -> tuple[str, str]:
         """The prompt side's class for a delta (provider − ours) and a note saying why
-        (module docstring); a single-turn delta counts towards the shape's rendering."""
+        (module docstring). A single-turn prompt's delta is its shape's evidence; one other
+        than 0 waits (`pending`, with `key` and its completion's verdict) until the shape's
+        rendering is adopted, and is a `shortfall` if it is below it."""
         check = classify(delta, prompt=prompt, tools=tools, history=history, system=system,
                          floor=floor, default_system=default_system)
-        if not history and check[0] not in PROMPT_MISMATCHES:
-            side = self._side(provider, shape, tools)
-            side.deltas[delta] += 1
-            self._maybe_known(side)
-        return check
+        if history or check[0] in PROMPT_MISMATCHES or check[0] == "default_system":
+            return check
+        side = self._side(provider, shape, tools)
+        side.deltas[delta] += 1
+        self._maybe_known(side)
+        if check[0] == "exact":
+            return check
+        if side.known is not None:
+            return _single(delta, side.known)
+        side.pending.append((key, delta, completion_check))
+        return "pending", "this request shape's rendering is not known yet"
 
-    def _maybe_known(self, side: ShapeSide) -> None:
+    def _maybe_known(self, side: ShapeSide, final: bool = False) -> None:
+        """The evidence rule: the delta holding SHARE of the shape's single-turn prompts
+        (CONFIRM of them at least, or any number at the end) is its rendering."""
         delta, hits = side.deltas.most_common(1)[0]
         total = sum(side.deltas.values())
-        side.known = delta if hits >= CONFIRM and hits / total >= SHARE else None
+        held = hits / total >= SHARE and (hits >= CONFIRM or final)
+        if side.known is not None and not final and total < SPLIT_AFTER:
+            pass  # adopted: it stands until SPLIT_AFTER answers can tell it does not hold
+        else:
+            side.known = delta if held else None
+        if side.known is not None or final:
+            for key, d, c_check in side.pending:
+                check = _single(d, side.known)[0] if side.known is not None else "unverified"
+                self.resolved.append(Resolved(key, c_check, check))
+            side.pending.clear()
 
     def take_resolved(self) -> list[Resolved]:
         out, self.resolved = self.resolved, []
         return out
 
+    def pending_completion(self, key: Any, completion_check: str) -> None:
+        """A waiting sample's completion side was judged meanwhile."""
+        for side in self.sides.values():
+            for i, (k, d, _) in enumerate(side.pending):
+                if k == key:
+                    side.pending[i] = (k, d, completion_check)
+                    return
+
     def seed(self, provider: str, shape: str, delta: int, *, tools: bool, key: Any = None,
              pending: bool = False, completion_check: str = "exact") -> None:
-        """A delta known before this session (an earlier session's sample); a `pending` one
-        (stored by an older specgen that held prompt sides) is classified now."""
+        """A single-turn delta known before this session (an earlier session's sample); a
+        `pending` one is judged again like this session's."""
         side = self._side(provider, shape, tools)
         side.deltas[delta] += 1
+        if pending and delta != 0:
+            side.pending.append((key, delta, completion_check))
+        elif pending:
+            self.resolved.append(Resolved(key, completion_check, "exact"))
         self._maybe_known(side)
-        if pending:
-            self.resolved.append(Resolved(key, completion_check,
-                                          "exact" if delta == 0 else "rendering"))
 
     def learn(self, provider: str, shape: str, delta: int, *, tools: bool) -> None:
-        """A shape's rendering measured beforehand (`specgen probe`)."""
+        """A shape's rendering measured beforehand (`specgen probe`): known at once."""
         side = self._side(provider, shape, tools)
-        side.deltas[delta] += CONFIRM
+        side.deltas[delta] += max(CONFIRM, sum(side.deltas.values()) * 4)
         self._maybe_known(side)
 
     def settle(self) -> list[Resolved]:
+        """The session ends: every waiting sample judged with every answer's evidence (a
+        shape no delta holds 80% of: `unverified`)."""
+        for side in self.sides.values():
+            if side.pending:
+                self._maybe_known(side, final=True)
         return self.take_resolved()
 
     def to_json(self) -> dict[str, dict[str, Any]]:
-        """{provider: {shape: {"delta", "answers", "tools"}}}."""
+        """{provider: {shape: {"delta", "answers", "pending", "tools"}}}."""
         out: dict[str, dict[str, Any]] = {}
         for (provider, shape), side in sorted(self.sides.items()):
             out.setdefault(provider, {})[shape] = {
                 "delta": side.known, "answers": sum(side.deltas.values()),
-                "tools": side.tools}
+                "pending": len(side.pending), "tools": side.tools}
         return out
+
+
+def _single(delta: int, known: int) -> tuple[str, str]:
+    """A single-turn prompt's class against its shape's rendering: below it by more than a
+    counting offset, the model saw less (nothing in a single turn renders shorter)."""
+    if delta == 0:
+        return "exact", ""
+    if delta < known - MAX_OFFSET:
+        return "shortfall", (f"{known - delta} fewer than this provider's rendering of this "
+                             f"request shape ({known:+d}): a dropped or compressed message")
+    return "rendering", "its rendering of this request shape"
 
 
 def classify(delta: int, *, prompt: int, tools: bool, history: bool = False,

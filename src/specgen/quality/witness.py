@@ -80,6 +80,8 @@ class CountWitness:
         self.unexplained: dict[str, deque] = {}  # provider -> recent "no offset explains"
         self.shapes = ShapeBook()
         self.open: dict[Any, _Open] = {}  # completion side waiting for its form's offset
+        # completion side judged again, its prompt side waiting for its shape's rendering
+        self.decided: dict[Any, tuple[Verdict, bool]] = {}
         self.resolved: list[Resolution] = []
 
     def form(self, provider: str, form: str) -> Form:
@@ -104,20 +106,6 @@ class CountWitness:
         theirs_p, theirs_c = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
         if theirs_c is None:
             return Verdict("unverified", "no usage counts in the answer", form=form)
-        fixed_prompt: tuple[list[int], list[str]] | None = None
-        p_check, dp, p_note = "unverified", None, ""
-        if theirs_p is not None:
-            dp = theirs_p - prompt
-            base = self.shapes.expected(provider, shape) or 0
-            if prompt_repair is not None and dp not in (0, base):
-                fixed_prompt = prompt_repair(theirs_p - base)
-                if fixed_prompt is not None:
-                    dp = theirs_p - len(fixed_prompt[0])
-            p_check, p_note = self.shapes.judge(
-                provider, shape, dp, prompt=prompt, tools=tools, history=history,
-                system=system, floor=prompt_floor, default_system=default_system)
-            if fixed_prompt is not None and p_check not in PROMPT_MISMATCHES:
-                p_check = "repaired"
         dc = theirs_c - completion
         candidates = {o: _completion_side(completion, theirs_c, dc, o, repair)
                       for o in OFFSETS}
@@ -148,6 +136,21 @@ class CountWitness:
                 verdict = Verdict("pending")
         verdict.settled, verdict.form = settled, form
         c_check = "pending" if hold else verdict.check
+        fixed_prompt: tuple[list[int], list[str]] | None = None
+        p_check, dp, p_note = "unverified", None, ""
+        if theirs_p is not None:
+            dp = theirs_p - prompt
+            base = self.shapes.expected(provider, shape) or 0
+            if prompt_repair is not None and dp not in (0, base):
+                fixed_prompt = prompt_repair(theirs_p - base)
+                if fixed_prompt is not None:
+                    dp = theirs_p - len(fixed_prompt[0])
+            p_check, p_note = self.shapes.judge(
+                provider, shape, dp, prompt=prompt, tools=tools, history=history,
+                system=system, floor=prompt_floor, default_system=default_system, key=key,
+                completion_check=c_check)
+            if fixed_prompt is not None and p_check not in PROMPT_MISMATCHES + ("pending",):
+                p_check = "repaired"
         prompt_bad = p_check in PROMPT_MISMATCHES
         if hold and prompt_bad:  # a mismatch whatever the offset: final now
             hold, c_check = False, "unjudged"
@@ -157,7 +160,7 @@ class CountWitness:
             self.open[key if key is not None else object()] = _Open(
                 provider, form, candidates, p_check, theirs_c, dc)
         elif c_check in ("exact", "repaired") and not prompt_bad and key is not None:
-            f.members.append((key, p_check))
+            f.members[key] = p_check
         problems = []
         if prompt_bad:
             problems.append(f"prompt: ours {prompt}, provider {theirs_p} ({p_note})")
@@ -192,10 +195,8 @@ class CountWitness:
         if change == "adopted" or (final and f.offset is not None):
             self._resolve(provider, form, final)
         elif change == "split" or (final and f.split):
-            for key, p_check in f.members:
-                self.resolved.append(Resolution(
-                    key, combine("unverified", p_check), p_check, "unverified",
-                    _split_verdict(provider, form), unvouched=True))
+            for key, p_check in f.members.items():
+                self._complete(key, _split_verdict(provider, form), p_check, True)
             f.members.clear()
             self._resolve(provider, form, final)
 
@@ -214,18 +215,34 @@ class CountWitness:
                     continue  # the evidence may still turn: judged when it is final
             del self.open[key]
             if v.check in ("exact", "repaired"):
-                f.members.append((key, o.prompt_check))
-            self.resolved.append(Resolution(key, combine(v.check, o.prompt_check),
-                                            o.prompt_check, v.check, v, unvouched))
+                f.members[key] = o.prompt_check
+            self._complete(key, v, o.prompt_check, unvouched)
+
+    def _complete(self, key: Any, v: Verdict, p_check: str, unvouched: bool) -> None:
+        """A completion verdict given again: final with its prompt side, or waiting for it."""
+        if p_check == "pending":
+            self.decided[key] = (v, unvouched)
+            self.shapes.pending_completion(key, v.check)
+            return
+        self.resolved.append(Resolution(key, combine(v.check, p_check), p_check, v.check, v,
+                                        unvouched))
 
     def _emit(self) -> None:
-        for r in self.shapes.take_resolved():  # an earlier session's pending prompt side
-            if r.key in self.open:
+        """Prompt sides judged again (their shape's rendering adopted): final samples."""
+        for r in self.shapes.take_resolved():
+            if r.key in self.open:  # its completion waits still
                 self.open[r.key].prompt_check = r.prompt_check
-            else:
-                self.resolved.append(Resolution(r.key, combine(r.completion_check,
-                                                               r.prompt_check),
-                                                r.prompt_check, r.completion_check))
+                continue
+            for f in self.forms.values():
+                if r.key in f.members:
+                    f.members[r.key] = r.prompt_check
+            v, unvouched = self.decided.pop(r.key, (None, False))
+            c = v.check if v is not None else r.completion_check
+            if c in ("exact", "repaired") and r.prompt_check in PROMPT_MISMATCHES:
+                for f in self.forms.values():
+                    f.members.pop(r.key, None)
+            self.resolved.append(Resolution(r.key, combine(c, r.prompt_check),
+                                            r.prompt_check, c, v, unvouched))
 
     def take_resolved(self) -> list[Resolution]:
         """The samples judged again since the last call (both sides final)."""
@@ -241,9 +258,7 @@ class CountWitness:
             self._evaluate(provider, form, final=True)
         for key in [k for k, o in self.open.items()]:  # a form with no evidence at all
             o = self.open.pop(key)
-            v = _split_verdict(o.provider, o.form)
-            self.resolved.append(Resolution(key, combine("unverified", o.prompt_check),
-                                            o.prompt_check, "unverified", v, True))
+            self._complete(key, _split_verdict(o.provider, o.form), o.prompt_check, True)
         for r in self.shapes.settle():
             self.shapes.resolved.append(r)
         return self.take_resolved()
