@@ -183,7 +183,8 @@ def test_settling_gives_every_pending_sample_a_verdict():
     # a history explains a delta: recorded at once, no evidence of the shape
     assert book.judge("P", "split", -50, prompt=100, tools=True, history=True)[0] == "history"
     got = {r.key: r.prompt_check for r in book.settle()}
-    assert got == {1: "rendering", 2: "unverified", 3: "unverified"}  # no 80%: no rendering
+    # no delta holds 80%: no rendering adopted, nothing proves a shortfall: recorded
+    assert got == {1: "rendering", 2: "rendering", 3: "rendering"}
     assert book.settle() == []
     # a prompt shorter than ours with nothing to render compactly: a dropped message
     assert book.judge("P", "plain", -40, prompt=100, tools=False)[0] == "shortfall"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -30,6 +30,15 @@ from specgen.export import ExportOptions, export_run
 from specgen.store import Store
 from test_engine_sim import go
 from test_engine_support import write_config, write_jsonl
+from test_witness_providers import Handler as JsonHandler
+from test_witness_providers import official  # noqa: F401 - the fixture
+
+
+@pytest.fixture(scope="module")
+def kimi(official):  # noqa: F811 - the imported fixture, by name
+    """The official K2.5 template and tokenizer (test_witness_providers' fixture)."""
+    return official
+
 
 LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "Look an item up in the catalogue.",
@@ -40,21 +49,12 @@ FORM_OFFSET = {"plain": 0, "tools": -1, "reasoning": -1, "reasoning+tools": -2}
 TOOLS_RENDERING, PER_TURN = -40, -6
 
 
-@pytest.fixture(scope="module")
-def official():
-    path = model_path("kimi-k2.5")
-    if not (path / "chat_template.jinja").exists():
-        pytest.skip(f"official chat_template.jinja not found in {path}")
-    return OfficialKimi(path / "chat_template.jinja", path / "tiktoken.model",
-                        path / "tokenizer_config.json", path / "tool_declaration_ts.py")
-
-
 class Provider(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, official: OfficialKimi, mode: str):
+    def __init__(self, kimi: OfficialKimi, mode: str):
         super().__init__(("127.0.0.1", 0), Handler)
-        self.official = official
+        self.official = kimi
         self.mode = mode  # "agent" | "relay" (60% one token added) | "alternate" (±1)
         self.errors: list[str] = []
         self.corrupted: set[int] = set()  # question numbers whose text the relay changed
@@ -66,10 +66,7 @@ def number(messages: list[dict]) -> int:
     return int(first["content"].rsplit(" ", 1)[1])
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):  # quiet
-        pass
-
+class Handler(JsonHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         try:
@@ -136,14 +133,6 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": reported, "completion_tokens": completion,
                           "total_tokens": reported + completion}}
 
-    def _send(self, status: int, payload: dict):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
 
 def off_default_system(off: OfficialKimi, messages, tools, thinking) -> int:
     """How many ids the official template's default system prompt adds (this provider
@@ -181,9 +170,9 @@ def plain_rows(n: int) -> list[dict]:
         {"role": "user", "content": f"What is seven times {i}"}]} for i in range(n)]
 
 
-def run(tmp_path, official, mode: str, rows: list[dict], reasoning: bool,
+def run(tmp_path, kimi, mode: str, rows: list[dict], reasoning: bool,
         quality: str = "") -> tuple:
-    server = Provider(official, mode)
+    server = Provider(kimi, mode)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         write_jsonl(tmp_path / "d.jsonl", rows)
@@ -205,9 +194,9 @@ def run(tmp_path, official, mode: str, rows: list[dict], reasoning: bool,
 
 
 def test_an_agent_dataset_learns_each_forms_offset_and_keeps_its_right_answers(
-        tmp_path, official):
+        tmp_path, kimi):
     rows = agent_rows(32)
-    cfg, outcome, _ = run(tmp_path, official, "agent", rows, reasoning=True)
+    cfg, outcome, _ = run(tmp_path, kimi, "agent", rows, reasoning=True)
     assert outcome.state == "finished" and outcome.exit_code == 0, outcome
     with Store.open(cfg.run_dir) as s:
         got = list(s.iter_results())
@@ -258,9 +247,9 @@ def test_an_agent_dataset_learns_each_forms_offset_and_keeps_its_right_answers(
     assert len(exported) == sum(r.prompt_check == "history" for r in kept)
 
 
-def test_a_relay_corrupting_most_answers_is_never_learnt(tmp_path, official):
+def test_a_relay_corrupting_most_answers_is_never_learnt(tmp_path, kimi):
     rows = plain_rows(60)
-    cfg, outcome, server = run(tmp_path, official, "relay", rows, reasoning=False)
+    cfg, outcome, server = run(tmp_path, kimi, "relay", rows, reasoning=False)
     assert outcome.exit_code != 0, outcome  # most answers unvouched: not a success
     assert server.corrupted
     with Store.open(cfg.run_dir) as s:
@@ -280,9 +269,9 @@ def test_a_relay_corrupting_most_answers_is_never_learnt(tmp_path, official):
     assert not any(e.get("count_check") == "exact" for e in rows_out)
 
 
-def test_alternating_counts_let_nothing_through_as_exact(tmp_path, official):
+def test_alternating_counts_let_nothing_through_as_exact(tmp_path, kimi):
     rows = plain_rows(50)  # more than the unverifiable alarm's 40: it stops the run
-    cfg, outcome, _ = run(tmp_path, official, "alternate", rows, reasoning=False)
+    cfg, outcome, _ = run(tmp_path, kimi, "alternate", rows, reasoning=False)
     with Store.open(cfg.run_dir) as s:
         checks = dict(s.conn.execute("SELECT count_check, COUNT(*) FROM results GROUP BY 1"))
     assert "exact" not in checks and "repaired" not in checks, checks

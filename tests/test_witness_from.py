@@ -103,13 +103,8 @@ def test_a_file_that_is_not_a_probe_is_a_config_error(tmp_path):
         raise AssertionError("a file that is no probe.json was taken")
 
 
-FORMS_SIM = """
-[length]
-distribution = "fixed"
-tokens = 40
-[tool_calls]
-rate = 1.0
-[[providers]]
+# the same sim, its provider counting per answer form instead
+FORMS_SIM = SIM.split("[[providers]]")[0] + """[[providers]]
 name = "Azure"
 tag = "azure/int4"
 quantization = "int4"

@@ -27,7 +27,10 @@ Each answer's prompt side is one of (`classify`, in this order):
   block or a system prompt of its own;
 * `repaired` — a history a serving stack renders otherwise explains the count exactly
   (`quality.repairs.prompt_repair`, judged by the caller);
-* `unverified` — the answer reported no `prompt_tokens`.
+* `unverified` — the answer reported no `prompt_tokens`;
+* `pending` — a single-turn prompt whose shape's rendering is not adopted yet (judged again
+  when it is, or at the session's end: a shape whose deltas split adopts none, and its
+  prompts are recorded as `rendering`).
 
 The request shape (`shape_signature`) still groups prompts whose rendering should be one
 constant: the tools block, whether there is a system message, the thinking mode. Per
@@ -142,7 +145,9 @@ class ShapeBook:
             side.known = delta if held else None
         if side.known is not None or final:
             for key, d, c_check in side.pending:
-                check = _single(d, side.known)[0] if side.known is not None else "unverified"
+                # no rendering adopted (the shape's deltas split): nothing proves a
+                # shortfall, so the delta is recorded as the provider's rendering
+                check = _single(d, side.known)[0] if side.known is not None else "rendering"
                 self.resolved.append(Resolved(key, c_check, check))
             side.pending.clear()
 
@@ -178,7 +183,8 @@ class ShapeBook:
 
     def settle(self) -> list[Resolved]:
         """The session ends: every waiting sample judged with every answer's evidence (a
-        shape no delta holds 80% of: `unverified`)."""
+        shape no delta holds 80% of adopts no rendering: its deltas are recorded as
+        `rendering`, none is a shortfall)."""
         for side in self.sides.values():
             if side.pending:
                 self._maybe_known(side, final=True)
