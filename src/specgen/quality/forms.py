@@ -18,12 +18,12 @@ only when it is in the set of at least `SHARE` (80%) of the form's answers (thos
 offset explains): mid-run once `WARMUP` answers are in, at the session's end with any number.
 A form whose answers split (no offset holding 80% once `SPLIT_AFTER` answers are in, or at the
 end; or an adopted offset that drops below 80%) is **split** for the session: its samples are
-`unverified`, the ones judged at the offset it had adopted included (`take_revoked`).
+`unverified`, the latest ones judged at the offset it had adopted included (judged again).
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,16 @@ def answer_form(message: Any) -> str:
         "tools" if tools else "plain")
 
 
+class Members(OrderedDict):
+    """The latest WINDOW samples judged at a form's offset (older ones were vouched for by
+    the evidence of their time and stay as judged)."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if len(self) > WINDOW:
+            self.popitem(last=False)
+
+
 @dataclass(slots=True)
 class Form:
     """The evidence of one provider's answers of one form."""
@@ -53,8 +63,9 @@ class Form:
     exact: Counter = field(default_factory=Counter)  # offset -> answers exact at it
     offset: int | None = None  # adopted
     split: bool = False
-    members: dict[Any, str] = field(default_factory=dict)  # key -> its prompt check, of
-    # the samples judged at `offset`: made unverified if the form splits
+    # key -> its prompt check, of the latest samples judged at `offset` (WINDOW of them: the
+    # evidence they were judged on): made unverified if the form splits
+    members: Members = field(default_factory=lambda: Members())
 
     def add(self, support: dict[int, bool]) -> None:
         """An answer right under the offsets of `support` ({offset: exact there})."""
