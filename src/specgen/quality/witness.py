@@ -309,12 +309,12 @@ class CountWitness:
 
     def split_forms(self, provider: str) -> list[str]:
         """The forms of a provider whose answers split between offsets (unverified)."""
-        return [form for (p, form), f in sorted(self.forms.items()) if p == provider
+        return [form for (p, form), f in sorted(list(self.forms.items())) if p == provider
                 and f.split]
 
     def state(self, provider: str) -> dict[str, Any]:
         """A provider's completion side: {"completion": {"state", "forms": {form: ...}}}."""
-        forms = {form: f.to_json() for (p, form), f in sorted(self.forms.items())
+        forms = {form: f.to_json() for (p, form), f in sorted(list(self.forms.items()))
                  if p == provider}
         if self.unusable(provider):
             state = "unusable"
