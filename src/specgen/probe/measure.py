@@ -7,8 +7,9 @@ provider, `failures` against the thresholds.
   reference provider did: F1 with the reference as truth (precision and recall of triggering),
   and the plain share of canaries where both agree;
 * count-witness agreement — its `usage` counts against our re-render of its answer
-  (`quality.witness`, its offsets learned from all its answers first, the count-guided
-  repairs allowed, as a warmed-up run judges): exact or repaired over those judged;
+  (`quality.witness`, its offsets learned per answer form from all its answers, the
+  count-guided repairs allowed, as a session's end judges): exact or repaired over those
+  judged; the offset of each form (`completion_offsets_by_form`);
 * reasoning present when asked (and absent when not), finish reasons, truncation, time to
   first token, tokens per second, cost per 1,000 completion tokens.
 """
