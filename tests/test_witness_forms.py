@@ -171,3 +171,21 @@ def test_a_probed_offset_per_form_judges_the_first_answer():
     assert w.judge("P", prompt=5, completion=40, usage=usage(5, 38), key=2,
                    form="plain").check == "pending"
     assert {r.key: r.count_check for r in w.settle()} == {2: "mismatch"}
+
+
+def test_an_unvouched_sample_whose_prompt_waits_stays_unvouched():
+    # its form split (alternating counts) while its single-turn prompt side waits for the
+    # shape's rendering: when that is known, the sample is unverified and still unvouched
+    # (it feeds the unverifiable alarm)
+    w = CountWitness()
+    for k in range(SPLIT_AFTER):
+        w.judge("Alt", prompt=10, completion=30, key=k, usage=usage(10, 30 + (1 if k % 2 else -1)))
+    assert w.split_forms("Alt") == ["plain"]
+    v = w.judge("Alt", prompt=10, completion=30, usage=usage(19, 31), shape="s", key=50,
+                tools=True)
+    assert (v.check, v.completion_check, v.prompt_check) == ("pending", "unverified",
+                                                              "pending")
+    w.judge("Alt", prompt=10, completion=30, usage=usage(19, 31), shape="s", key=51,
+            tools=True)
+    got = {r.key: r for r in w.take_resolved()}
+    assert got[50].count_check == "unverified" and got[50].unvouched

@@ -159,6 +159,9 @@ class CountWitness:
         if hold:
             self.open[key if key is not None else object()] = _Open(
                 provider, form, candidates, p_check, theirs_c, dc)
+        elif p_check == "pending" and verdict.unvouched and key is not None:
+            # final, unvouched, its prompt side waits: said so when both are final
+            self.decided[key] = (Verdict(c_check, verdict.detail, unvouched=True), True)
         elif c_check in ("exact", "repaired") and not prompt_bad and key is not None:
             f.members[key] = p_check
         problems = []
