@@ -92,10 +92,10 @@ class Rejudge:
 
     def _change(self, r: Resolution) -> Change | None:
         held = self.held.pop(r.key, None)
-        record = held[0] if held is not None else (
-            self.store.result_record(r.key) if self.store is not None else None)
-        if record is None and held is None:
-            record = self.recent.get(r.key)  # not committed yet
+        # this session's own view first (its latest verdict may not be committed yet)
+        record = held[0] if held is not None else self.recent.get(r.key)
+        if record is None and self.store is not None:
+            record = self.store.result_record(r.key)
         if record is None:
             return None  # not stored (e.g. quarantined by a later stage): nothing to change
         response = held[1] if held is not None else _stored_response(record)
@@ -116,10 +116,14 @@ class Rejudge:
                 task=record.task, dataset=record.dataset, provider=record.provider,
                 reason=q.reason, response=pack_json(response), created_at=time.time(),
                 detail=q.detail_json()))
-        return Change(**base, verdict=VerdictRecord(
+        verdict = VerdictRecord(
             task=record.task, count_check=after, prompt_check=r.prompt_check,
             completion_check=r.completion_check, message=message, input_ids=input_ids,
-            repairs=repairs))
+            repairs=repairs)
+        if after in ("exact", "repaired"):  # its form may still split: judged again then
+            self.remember(record._replace(**{k: v for k, v in verdict._asdict().items()
+                                             if v is not None}))
+        return Change(**base, verdict=verdict)
 
 
 def _completion_fix(record: ResultRecord, r: Resolution
