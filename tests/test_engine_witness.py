@@ -180,7 +180,7 @@ def test_a_prompt_that_is_not_the_shapes_rendering_is_a_mismatch(tmp_path):
     # one request at a time: the answers arrive in row order, so which compressed prompts come
     # while the shape's rendering is still unknown is the same every run (the sim's drops are
     # keyed by the request)
-    cfg, outcome = run(tmp_path, "hidden_system_prompt_tokens = 20\nprompt_drop_rate = 0.3",
+    cfg, outcome = run(tmp_path, "hidden_system_prompt_tokens = 20\nprompt_drop_rate = 0.1",
                        n, true_ids=False, endpoint="concurrency = 1\n")
     assert outcome.state in ("finished", "stopped"), outcome
     st = run_status(cfg.run_dir)["datasets"]["t"]
@@ -214,7 +214,7 @@ def test_a_prompt_that_is_not_the_shapes_rendering_is_a_mismatch(tmp_path):
     with Store.open(cfg.run_dir) as s:
         (detail,) = s.conn.execute("SELECT error FROM attempts WHERE outcome LIKE "
                                    "'quarantined:count_mismatch%' LIMIT 1").fetchone()
-    assert "prompt: ours" in detail and "request shape: +20" in detail
+    assert "prompt: ours" in detail and "request shape (+20)" in detail
     # both counts are stored with the quarantine, and status, verify and the report show them
     figures = st["quarantine_details"]["count_mismatch"]
     assert figures["prompt"]["provider"] < figures["prompt"]["ours"] + 20, figures

@@ -256,7 +256,7 @@ def test_mismatch_excluded_by_default_and_included_on_request(tmp_path):
     manifest = json.loads((tmp_path / "t.manifest.json").read_text())
     assert manifest["excluded"]["samples"] == 1
     assert manifest["excluded"]["by_reason"] == {"count_mismatch": 1, "provider_excluded": 0,
-                                                 "witness_pending": 0}
+                                                 "witness_pending": 0, "prompt_check": 0}
     assert "count_check = mismatch" in manifest["excluded"]["why"]
     assert manifest["totals"]["excluded_mismatch"] == 1 == manifest["per_dataset"]["d"][
         "excluded_mismatch"]

@@ -30,6 +30,7 @@ WEATHER = {"type": "function", "function": {
 PRICES = {"prompt_price_per_m": 1.0, "completion_price_per_m": 10.0}
 NOISE = 0.5
 HIDDEN = 20
+WORLD = {"tools": -1, "reasoning": -1, "reasoning+tools": -2}  # plain: 0
 
 
 def provider(tag: str, **keys: Any) -> dict[str, Any]:
@@ -51,6 +52,10 @@ CONFIG = {
                                    "tool_calls_as_text": 1.0}),
         provider("padcached", quirks={"pad_whitespace": 1.0}, hidden_system_prompt_tokens=5,
                  usage_completion_offset=-1, cache_hit_rate=1.0),
+        provider("world", usage_completion_offsets=WORLD, history_rendering_tokens=-6,
+                 omits_default_system=True),
+        provider("relay", quirks={"relay_extra_token": 1.0}),
+        provider("alternating", usage_alternating=True),
     ],
 }
 
@@ -293,3 +298,61 @@ def test_spaces_around_special_keeps_the_true_count(sim, stream):
         assert "spaces_around_special" in info["quirks"]
         assert usage["completion_tokens"] == n_ids and usage["prompt_tokens"] == n_prompt
 
+
+
+# -- world-like providers (docs/sim.md, "Usage counting") ----------------------------------------
+def form_of(message: dict) -> str:
+    reasoning = bool(message.get("reasoning") or message.get("reasoning_content"))
+    calls = bool(message.get("tool_calls"))
+    return ("reasoning+tools" if calls else "reasoning") if reasoning else (
+        "tools" if calls else "plain")
+
+
+def test_a_world_like_provider_counts_per_form_and_per_history(sim, k25):
+    seen = set()
+    history = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "functions.get_weather:0", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"}]
+    for n in range(24):
+        thinking = n % 2 == 0
+        extra = history * (n % 3)
+        body = {"reasoning": {"enabled": thinking}}
+        if n % 4 < 2:
+            body["tools"] = [WEATHER]
+        data = json.dumps({"model": MODEL, "messages": USER + extra + [
+            {"role": "user", "content": f"#{n}"}], "provider": {"only": ["world"],
+                                                                "allow_fallbacks": False},
+            "return_token_ids": True, **body}).encode()
+        req = urllib.request.Request(sim.root_url + CHAT, data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=20) as r:
+            answer = json.loads(r.read())
+        usage, n_prompt, n_ids, _ = counts(answer)
+        form = form_of(answer["choices"][0]["message"])
+        seen.add(form)
+        assert usage["completion_tokens"] - n_ids == WORLD.get(form, 0), (form, usage)
+        # the history moves the prompt delta; no default system prompt (none in the request)
+        messages = USER + extra + [{"role": "user", "content": f"#{n}"}]
+        renderer = k25[thinking]
+        # (K2.5's template adds no default system prompt: 0 here; K2's adds one)
+        default = max(0, n_prompt - len(renderer.prompt_ids(
+            [{"role": "system", "content": ""}, *messages], body.get("tools"))))
+        assert usage["prompt_tokens"] - n_prompt == -6 * len(extra) - default
+    assert {"tools", "reasoning+tools"} <= seen
+
+
+def test_a_relay_adds_a_token_to_the_text_and_passes_the_honest_count(sim, k25):
+    answer = ask(sim, "relay", 1)
+    usage, _, n_ids, meta = counts(answer)
+    message = answer["choices"][0]["message"]
+    assert message["content"].endswith(" Indeed") and usage["completion_tokens"] == n_ids
+    assert "relay_extra_token" in meta["quirks"]
+
+
+def test_alternating_counts_are_one_over_then_one_under(sim):
+    errors = []
+    for n in range(6):
+        usage, _, n_ids, _ = counts(ask(sim, "alternating", 100 + n))
+        errors.append(usage["completion_tokens"] - n_ids)
+    assert set(errors) == {1, -1} and all(a != b for a, b in zip(errors, errors[1:], strict=False))

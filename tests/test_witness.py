@@ -21,20 +21,44 @@ def usage(p: int, c: int) -> dict:
 
 def test_exact_and_mismatch():
     w = CountWitness()
-    for _ in range(WARMUP):  # the provider's counting offset: learnt from plain answers
+    for _ in range(WARMUP):  # the provider's counting offset of plain answers
         w.judge("A", prompt=100, completion=50, usage=usage(100, 50))
     assert w.judge("A", prompt=100, completion=50, usage=usage(100, 50)).check == "exact"
     v = w.judge("A", prompt=100, completion=50, usage=usage(100, 53))
     assert v.check == "mismatch" and "ours 50, provider 53" in v.detail
-    # the prompt side is judged per request shape: a first delta is pending until the
-    # provider's rendering of that shape is known; another delta then is a mismatch
-    v = w.judge("A", prompt=100, completion=50, usage=usage(112, 50), shape="s", key=1)
+    # the prompt side of a single-turn request: a constant per request shape (its rendering
+    # of the tools block), known once two answers show it (80% of the shape's answers)
+    v = w.judge("A", prompt=100, completion=50, usage=usage(112, 50), shape="s", key=1,
+                tools=True)
     assert (v.check, v.prompt_check, v.prompt_delta) == ("pending", "pending", 12)
-    v = w.judge("A", prompt=90, completion=50, usage=usage(102, 50), shape="s", key=2)
+    v = w.judge("A", prompt=90, completion=50, usage=usage(102, 50), shape="s", key=2,
+                tools=True)
     assert (v.check, v.prompt_check) == ("exact", "rendering")
-    assert [(r.key, r.prompt_check) for r in w.shapes.take_resolved()] == [(1, "rendering")]
-    v = w.judge("A", prompt=100, completion=50, usage=usage(105, 50), shape="s", key=3)
-    assert v.check == "mismatch" and v.detail.startswith("prompt: ours 100, provider 105")
+    assert [(r.key, r.prompt_check, r.count_check) for r in w.take_resolved()
+            if isinstance(r.key, int)] == [(1, "rendering", "exact")]
+    # more than the shape's rendering: recorded; less: the model saw less (a mismatch)
+    v = w.judge("A", prompt=100, completion=50, usage=usage(114, 50), shape="s", key=3,
+                tools=True)
+    assert (v.check, v.prompt_check) == ("exact", "rendering")
+    v = w.judge("A", prompt=100, completion=50, usage=usage(105, 50), shape="s", key=4,
+                tools=True)
+    assert (v.check, v.prompt_check) == ("mismatch", "shortfall")
+    assert v.detail.startswith("prompt: ours 100, provider 105")
+    # a history explains a delta; an absent system prompt explains the default one's
+    v = w.judge("A", prompt=600, completion=50, usage=usage(26, 50), history=True,
+                prompt_floor=lambda: 20)
+    assert (v.check, v.prompt_check) == ("exact", "history")
+    v = w.judge("A", prompt=100, completion=50, usage=usage(91, 50), system=False,
+                prompt_floor=lambda: 80, default_system=lambda: 9)
+    assert (v.check, v.prompt_check) == ("exact", "default_system")
+    # less than any rendering of the messages holds: the model saw less (a mismatch)
+    v = w.judge("A", prompt=600, completion=50, usage=usage(300, 50), history=True,
+                prompt_floor=lambda: 500)
+    assert (v.check, v.prompt_check) == ("mismatch", "shortfall")
+    assert v.detail.startswith("prompt: ours 600, provider 300")
+    # an implausible delta is a contradiction, never a rendering
+    v = w.judge("A", prompt=100, completion=50, usage=usage(10**15, 50), tools=True)
+    assert (v.check, v.prompt_check) == ("mismatch", "implausible")
     assert w.judge("A", prompt=1, completion=1, usage={}).check == "unverified"
     assert w.judge("A", prompt=1, completion=1, usage={"completion_tokens": True}).check \
         == "unverified"
@@ -49,17 +73,17 @@ def test_a_constant_offset_is_learned_but_a_large_one_is_content():
     assert checks[WARMUP - 1:] == ["exact"] * 6
     assert {r.key: r.count_check for r in w.take_resolved()} == {
         k: "exact" for k in range(WARMUP - 1)}
-    assert w.state("B")["completion"] == {"state": "stable", "offset": -1,
-                                          "answers": WARMUP + 5}
-    # a hidden system prompt: a constant per request shape on the prompt side, so the
-    # provider's rendering of that shape (recorded on each sample), not a defect
-    for _ in range(WARMUP):
-        w.judge("C", prompt=10, completion=40, usage=usage(10, 40))
-    checks = [w.judge("C", prompt=10, completion=40, usage=usage(10 + MAX_OFFSET + 10, 40),
-                      shape="s", key=k).check for k in range(WARMUP)]
-    assert checks == ["pending"] + ["exact"] * (WARMUP - 1)
-    assert [r.key for r in w.shapes.take_resolved()] == [0]
-    assert w.to_json()["C"]["prompt_shapes"]["s"]["delta"] == MAX_OFFSET + 10
+    plain = w.state("B")["completion"]["forms"]["plain"]
+    assert (plain["state"], plain["offset"], plain["answers"]) == ("adopted", -1, WARMUP + 5)
+    # a delta no counting offset explains is a mismatch at once, and no evidence
+    v = w.judge("B", prompt=10, completion=40, usage=usage(10, 40 + MAX_OFFSET + 5))
+    assert v.check == "mismatch" and v.completion_check == "mismatch"
+    # a hidden system prompt: a constant per request shape on the prompt side, recorded
+    checks = [w.judge("B", prompt=10, completion=40, usage=usage(10 + MAX_OFFSET + 10, 39),
+                      shape="s", key=100 + k).check for k in range(3)]
+    assert checks == ["pending", "exact", "exact"]
+    assert [r.key for r in w.take_resolved()] == [100]
+    assert w.to_json()["B"]["prompt_shapes"]["s"]["delta"] == MAX_OFFSET + 10
 
 
 def test_counts_that_never_settle_are_unusable():
@@ -123,7 +147,8 @@ def test_the_witness_takes_a_repair_that_makes_the_counts_agree(renderer):
     v = w.judge("Groq", prompt=5, completion=len(ours), usage=usage(5, len(truth)),
                 repair=lambda n: count_repair(served, n, renderer.completion_ids))
     assert v.check == "repaired" and v.repairs == ["arguments_spaced"] and v.ids == truth
-    assert w.state("Groq")["completion"]["offset"] == 0  # explained: not a counting offset
+    # explained: not a counting offset
+    assert w.state("Groq")["completion"]["forms"]["plain"]["offset"] == 0
 
 
 def test_the_shape_signature_is_the_tools_block_system_prompt_and_thinking_mode():
@@ -137,34 +162,37 @@ def test_the_shape_signature_is_the_tools_block_system_prompt_and_thinking_mode(
                 shape_signature(tools, user, False), shape_signature(tools, user, None)}) == 5
 
 
-@pytest.mark.parametrize("order", [[9, 9, 4], [9, 4, 9], [4, 9, 9]])
-def test_no_verdict_depends_on_the_order_answers_arrive(order):
+@pytest.mark.parametrize("order", [[9, 9, 9, 9, 4], [9, 4, 9, 9, 9], [4, 9, 9, 9, 9]])
+def test_no_prompt_class_depends_on_the_order_answers_arrive(order):
     book = ShapeBook()
     final = {}
     for key, delta in enumerate(order):
-        final[key] = book.judge("P", "s", delta, tools=True, key=key)
+        final[key] = book.judge("P", "s", delta, prompt=100, tools=True, key=key)[0]
     final.update({r.key: r.prompt_check for r in book.take_resolved()})
     final.update({r.key: r.prompt_check for r in book.settle()})
-    assert sorted(final.values()) == ["mismatch", "rendering", "rendering"]
-    assert all(final[k] == ("mismatch" if d == 4 else "rendering") for k, d in enumerate(order))
+    assert all(final[k] == ("shortfall" if d == 4 else "rendering") for k, d in enumerate(order))
 
 
 def test_settling_gives_every_pending_sample_a_verdict():
     book = ShapeBook()
-    assert book.judge("P", "once", 7, tools=True, key=1) == "pending"
-    assert book.judge("P", "tie", 3, tools=True, key=2) == "pending"
-    assert book.judge("P", "tie", 5, tools=True, key=3) == "pending"
+    assert book.judge("P", "once", 7, prompt=100, tools=True, key=1)[0] == "pending"
+    assert book.judge("P", "split", 3, prompt=100, tools=True, key=2)[0] == "pending"
+    assert book.judge("P", "split", 5, prompt=100, tools=True, key=3)[0] == "pending"
     # exact agreement with the official rendering is never pending, and never a mismatch
-    assert book.judge("P", "tie", 0, tools=True, key=4) == "exact"
+    assert book.judge("P", "split", 0, prompt=100, tools=True, key=4)[0] == "exact"
+    # a history explains a delta: recorded at once, no evidence of the shape
+    assert book.judge("P", "split", -50, prompt=100, tools=True, history=True)[0] == "history"
     got = {r.key: r.prompt_check for r in book.settle()}
-    assert got == {1: "rendering", 2: "unverified", 3: "unverified"}
+    # no delta holds 80%: no rendering adopted, nothing proves a shortfall: recorded
+    assert got == {1: "rendering", 2: "rendering", 3: "rendering"}
     assert book.settle() == []
-    # a prompt shorter than ours with no tools to render compactly: a dropped message
-    assert book.judge("P", "plain", -40, tools=False) == "mismatch"
-    assert book.judge("P", "tools", -40, tools=True) == "pending"  # compact declarations
+    # a prompt shorter than ours with nothing to render compactly: a dropped message
+    assert book.judge("P", "plain", -40, prompt=100, tools=False)[0] == "shortfall"
+    assert book.judge("P", "tools", -40, prompt=100, tools=True)[0] == "pending"
     assert combine("repaired", "rendering") == "repaired"
+    assert combine("exact", "history") == "exact"
+    assert combine("exact", "shortfall") == "mismatch"
     assert combine("exact", "pending") == "pending"
-    assert combine("mismatch", "pending") == "mismatch"
 
 
 def test_a_right_completion_is_kept_whatever_the_providers_rendering():
@@ -176,12 +204,13 @@ def test_a_right_completion_is_kept_whatever_the_providers_rendering():
                     shape="two-tools", tools=True, key=i)
         assert v.completion_check == "exact" and v.prompt_delta == 9
     assert v.check == "exact" and v.prompt_check == "rendering"
-    assert [r.prompt_check for r in w.shapes.take_resolved()] == ["rendering"]
-    # a wrong completion is a mismatch whatever the prompt side: that side is not judged
+    assert [r.prompt_check for r in w.take_resolved() if isinstance(r.key, int)] == [
+        "rendering"]
+    # a wrong completion is a mismatch whatever the prompt side: that side is recorded
     v = w.judge("Together", prompt=209, completion=30, usage=usage(218, 45),
                 shape="two-tools", tools=True, key=9)
     assert (v.check, v.completion_check, v.prompt_check) == ("mismatch", "mismatch",
-                                                              "unjudged")
+                                                              "rendering")
 
 
 def test_a_resumed_run_judges_the_samples_an_earlier_session_left_pending():
@@ -189,9 +218,11 @@ def test_a_resumed_run_judges_the_samples_an_earlier_session_left_pending():
     book.seed("P", "s", 9, tools=True, key=1, pending=True)
     assert book.take_resolved() == []
     book.seed("P", "s", 9, tools=True, key=2)  # judged its rendering then
-    book.seed("P", "s", 4, tools=True, key=3, pending=True)
+    book.seed("P", "s", 9, tools=True, key=3)
+    book.seed("P", "s", 9, tools=True, key=4)
+    book.seed("P", "s", 4, tools=True, key=5, pending=True)
     got = {r.key: r.prompt_check for r in book.take_resolved()}
-    assert got == {1: "rendering", 3: "mismatch"}
+    assert got == {1: "rendering", 5: "shortfall"}
     assert book.settle() == []
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from . import witness_sides
+from .conversation import REASONING_KEYS
 from .display import UNKNOWN_PROVIDER
 from .store import Store, unpack_ids
 
@@ -49,21 +50,36 @@ def count_checks_by_provider(store: Store) -> dict[str, dict[str, int]]:
     return out
 
 
-def vouched_deltas(store: Store, per_provider: int = 50) -> list[tuple[str, int | None, int]]:
-    """(provider, prompt delta, completion delta) of the latest samples each provider's own
-    counts vouched for (`exact` / `repaired`): provider's count − ours."""
+def vouched_deltas(store: Store, per_provider: int = 200
+                   ) -> list[tuple[str, int | None, int, str]]:
+    """(provider, prompt delta, completion delta, answer form) of the latest samples each
+    provider's own counts vouched for (`exact` / `repaired`): provider's count − ours."""
     try:
         rows = store.conn.execute(
             "SELECT provider, prompt_tokens - n_prompt, "
-            "completion_tokens - (LENGTH(input_ids) / 4 - n_prompt) FROM ("
+            "completion_tokens - (LENGTH(input_ids) / 4 - n_prompt), message FROM ("
             "  SELECT provider, prompt_tokens, completion_tokens, n_prompt, input_ids, "
-            "  ROW_NUMBER() OVER (PARTITION BY provider ORDER BY task DESC) AS k "
+            "  message, ROW_NUMBER() OVER (PARTITION BY provider ORDER BY task DESC) AS k "
             "  FROM results WHERE count_check IN ('exact', 'repaired') "
-            "  AND completion_tokens IS NOT NULL AND provider IS NOT NULL) WHERE k <= ?",
-            (per_provider,)).fetchall()
+            "  AND completion_tokens IS NOT NULL AND provider IS NOT NULL) WHERE k <= ? "
+            "ORDER BY 1", (per_provider,)).fetchall()
     except sqlite3.OperationalError:
         return []
-    return [(p, dp, dc) for p, dp, dc in rows]
+    return [(p, dp, dc, stored_form(m)) for p, dp, dc, m in rows]
+
+
+def stored_form(message: Any) -> str:
+    """The answer form (quality.forms) of a stored message (JSON text)."""
+    try:
+        m = orjson.loads(message) if isinstance(message, str | bytes) else None
+    except orjson.JSONDecodeError:
+        m = None
+    if not isinstance(m, dict):
+        return "plain"
+    reasoning = any(isinstance(m.get(k), str) and m.get(k) for k in REASONING_KEYS)
+    calls = bool(m.get("tool_calls"))
+    return ("reasoning+tools" if calls else "reasoning") if reasoning else (
+        "tools" if calls else "plain")
 
 
 def witness_sides_by_provider(store: Store) -> dict[str, dict[str, Any]]:
@@ -92,7 +108,8 @@ def prompt_shape_deltas(store: Store) -> list[tuple]:
             "SELECT provider, prompt_shape, prompt_delta, prompt_check, task, "
             "completion_check FROM results WHERE prompt_shape IS NOT NULL "
             "AND prompt_delta IS NOT NULL AND provider IS NOT NULL "
-            "AND prompt_check NOT IN ('mismatch', 'unjudged') ORDER BY task").fetchall()
+            "AND prompt_check NOT IN ('mismatch', 'unjudged', 'shortfall', 'implausible', "
+            "'history') ORDER BY task").fetchall()
     except sqlite3.OperationalError:
         return []
 
@@ -104,14 +121,14 @@ def pending_completions(store: Store) -> list[tuple]:
     try:
         rows = store.conn.execute(
             "SELECT provider, task, prompt_check, completion_tokens, completion_delta, "
-            "input_ids, n_prompt, repairs FROM results WHERE completion_check = 'pending' "
-            "AND provider IS NOT NULL ORDER BY task").fetchall()
+            "input_ids, n_prompt, repairs, message FROM results WHERE completion_check = "
+            "'pending' AND provider IS NOT NULL ORDER BY task").fetchall()
     except sqlite3.OperationalError:
         return []
     return [(provider, task, p_check, theirs, dc, len(unpack_ids(ids) or ()) - n_prompt,
              [r[len("count:"):] for r in orjson.loads(repairs or "[]")
-              if r.startswith("count:")])
-            for provider, task, p_check, theirs, dc, ids, n_prompt, repairs in rows]
+              if r.startswith("count:")], stored_form(message))
+            for provider, task, p_check, theirs, dc, ids, n_prompt, repairs, message in rows]
 
 
 def conversation_shapes(store: Store) -> dict[str, dict[str, Any]]:

@@ -37,6 +37,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--include-excluded-providers", action="store_true",
                    help="also export samples of providers the run excluded (quality policing "
                         "or `specgen provider --exclude`); left out by default")
+    p.add_argument("--prompt-check", action="append", default=[], metavar="CLASS",
+                   choices=PROMPT_FILTERS,
+                   help="export only samples whose prompt side is this class (repeatable: "
+                        "exact, rendering, default_system, history, repaired, unverified; "
+                        "docs/quality.md, \"Prompt side\"); counted in the manifest "
+                        "(excluded.by_reason.prompt_check)")
     p.add_argument("--draft-vocab-size", type=int, metavar="N",
                    help="vocab: the draft vocabulary's size (default 32000, or the target's "
                         "when smaller)")
@@ -52,6 +58,11 @@ def add_parser(subparsers) -> None:
                         "reads samples in; docs/stats.md)")
     add_filter_options(p)
     p.set_defaults(func=run)
+
+
+# the prompt-side classes a sample can be kept with (quality.shapes), and "unchecked"
+PROMPT_FILTERS = ("exact", "rendering", "default_system", "history", "repaired",
+                  "unverified", "unchecked")
 
 
 def add_filter_options(p) -> None:
@@ -91,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         split_by_dataset=args.split_by_dataset, merge_prefix=args.merge_prefix,
         include_mismatched=args.include_mismatched,
         include_excluded_providers=args.include_excluded_providers,
+        prompt_checks=tuple(args.prompt_check),
         min_trainable_tokens=args.min_trainable_tokens, max_repetition=args.max_repetition,
         dedup=args.dedup, drop_truncated=args.drop_truncated,
         draft_vocab_size=args.draft_vocab_size, target_vocab_size=args.target_vocab_size,

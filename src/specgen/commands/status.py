@@ -131,6 +131,8 @@ def print_status(s: dict) -> None:
             state = (witness.get(name) or {}).get("completion", {}).get("state")
             if state == "unusable" or (witness.get(name) or {}).get("counts_unusable"):
                 checks += " (counts unusable)"
+            elif split := (witness.get(name) or {}).get("unverified_forms"):
+                checks += f" (counts split: {', '.join(split)} unverified)"
             if (sides := v.get("witness_sides")) and sides.get("prompt_deltas"):
                 checks += " prompt " + ",".join(
                     f"{d}x{n}" for d, n in sorted(sides["prompt_deltas"].items()))

@@ -200,6 +200,8 @@ class LiveView:
                                   for k, v in sorted(p["count_checks"].items())) or "-"
                 if witness.unusable(name):
                     checks += " (counts unusable)"
+                elif split := witness.split_forms(name):
+                    checks += f" (counts split: {', '.join(split)} unverified)"
                 rows.append([name, f"{p['requests']:,}", f"{p['ok']:,}", f"{p['rejected']:,}",
                              f"{p['quarantined']:,}", errs, checks,
                              quality_cell(s["quality"].get(name),

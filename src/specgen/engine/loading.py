@@ -34,11 +34,12 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
             log.info("--retry-failed: %d failed task(s) made pending again", n)
     engine.failed_classes.update({k: v["count"] for k, v in failed_tasks_by_class(
         store, names).items()})
-    for provider, dp, dc in vouched_deltas(store):
-        engine.witness.seed(provider, dp, dc)
-    for provider, task, p_check, theirs, dc, n, repairs in pending_completions(store):
+    for provider, dp, dc, form in vouched_deltas(store):
+        engine.witness.seed(provider, dp, dc, form)
+    for provider, task, p_check, theirs, dc, n, repairs, form in pending_completions(store):
         engine.witness.seed_open(provider, task, theirs=theirs, delta=dc, stored=n,
-                                 prompt_check=p_check or "unverified", repairs=repairs)
+                                 prompt_check=p_check or "unverified", repairs=repairs,
+                                 form=form)
     for provider, shape, dp, p_check, task, c_check in prompt_shape_deltas(store):
         engine.witness.seed_shape(provider, shape, dp, tools=False, key=task,
                                   pending=p_check == "pending",
@@ -177,7 +178,7 @@ def _load_probe_deltas(engine, cfg) -> None:
         return
     for provider, shape, delta in learnt:
         engine.witness.shapes.learn(provider, shape, delta, tools=False)
-    for provider, offset in offsets.items():
-        engine.witness.learn_offset(provider, offset)
+    for (provider, form), offset in offsets.items():
+        engine.witness.learn_offset(provider, offset, form)
     log.info("%s %s: %d prompt delta(s) per provider and request shape",
              "witness_from" if given else "probe", path, len(learnt))

@@ -49,7 +49,7 @@ from .vocab import (
 from .writers import JsonlWriter, ParquetWriter, Writer
 
 FORMATS = ("tokens", "specforge", "openai", "vocab")
-DICT_TOTALS = ("count_checks", "tool_matches", "providers", "quantizations")
+DICT_TOTALS = ("count_checks", "prompt_checks", "tool_matches", "providers", "quantizations")
 
 
 class ExportError(Exception):
@@ -66,6 +66,9 @@ class ExportOptions:
     merge_prefix: bool = False
     include_mismatched: bool = False  # also export samples with count_check = "mismatch"
     include_excluded_providers: bool = False  # also samples of providers the run excluded
+    # only samples whose prompt side is one of these classes (quality.shapes: exact,
+    # rendering, history, default_system, repaired, unverified; `--prompt-check`); empty: all
+    prompt_checks: tuple[str, ...] = ()
     # sample filters (export.filters): left out, counted in the manifest's excluded.filtered
     min_trainable_tokens: int | None = None
     max_repetition: int | None = None
@@ -102,8 +105,11 @@ class DatasetTotals:
     excluded_mismatch: int = 0  # samples left out: count_check = "mismatch"
     excluded_provider: int = 0  # samples left out: their provider is excluded from the run
     excluded_pending: int = 0  # samples left out: their prompt side not judged yet (pending)
+    excluded_prompt_check: int = 0  # samples left out by --prompt-check
     # exported samples by count_check as written ("unchecked": stored before the check)
     count_checks: dict[str, int] = field(default_factory=dict)
+    # exported samples by their prompt side's class (quality.shapes; "unchecked": none)
+    prompt_checks: dict[str, int] = field(default_factory=dict)
     # exported samples whose prompt reuses recorded tool results, by the weakest match
     tool_matches: dict[str, int] = field(default_factory=dict)
     # exported samples by answering provider and by the quantization that served them
@@ -125,6 +131,8 @@ class DatasetTotals:
             self.true_id_samples += has_true_ids(r)
             check = exported_count_check(r) or "unchecked"
             self.count_checks[check] = self.count_checks.get(check, 0) + 1
+            side = r.prompt_check or "unchecked"
+            self.prompt_checks[side] = self.prompt_checks.get(side, 0) + 1
             provider = r.provider or "(unknown)"
             self.providers[provider] = self.providers.get(provider, 0) + 1
             quant = r.quantization or "unknown"
@@ -335,6 +343,8 @@ def _write(store: Store, selected: list[str], stage: Staging, opts: ExportOption
         rows_in = _checked(store.iter_results(selected))
         if not opts.include_mismatched:
             rows_in = _without_mismatched(rows_in, totals)
+        if opts.prompt_checks:
+            rows_in = _with_prompt_checks(rows_in, set(opts.prompt_checks), totals)
         excluded = excluded_provider_names(meta)
         if excluded and not opts.include_excluded_providers:
             rows_in = _without_providers(rows_in, excluded, totals)
@@ -427,6 +437,16 @@ def _without_mismatched(rows, totals: dict[str, DatasetTotals]):
         yield r
 
 
+def _with_prompt_checks(rows, wanted: set[str], totals: dict[str, DatasetTotals]):
+    """The samples whose prompt side is one of `wanted` (`--prompt-check`), the others
+    counted per dataset as excluded."""
+    for r in rows:
+        if (r.prompt_check or "unchecked") not in wanted and not has_true_ids(r):
+            totals[r.dataset].excluded_prompt_check += 1
+            continue
+        yield r
+
+
 def excluded_provider_names(meta: dict[str, str]) -> set[str]:
     """Names and slugs (normalised) of the providers the run has excluded."""
     out = set()
@@ -508,10 +528,12 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
                "true_completion_ids), else specgen's rebuilt ids",
         "excluded": {
             "samples": total.excluded_mismatch + total.excluded_provider
-            + total.excluded_pending,
+            + total.excluded_pending + total.excluded_prompt_check,
             "by_reason": {"count_mismatch": total.excluded_mismatch,
                           "provider_excluded": total.excluded_provider,
-                          "witness_pending": total.excluded_pending},
+                          "witness_pending": total.excluded_pending,
+                          "prompt_check": total.excluded_prompt_check},
+            "prompt_checks": list(opts.prompt_checks),
             "providers": sorted(read_excluded(meta)),
             "why": ("left out: samples whose ids contradict the provider's own token counts "
                     "(count_check = mismatch); --include-mismatched exports them"

@@ -7,8 +7,9 @@ provider, `failures` against the thresholds.
   reference provider did: F1 with the reference as truth (precision and recall of triggering),
   and the plain share of canaries where both agree;
 * count-witness agreement — its `usage` counts against our re-render of its answer
-  (`quality.witness`, its offsets learned from all its answers first, the count-guided
-  repairs allowed, as a warmed-up run judges): exact or repaired over those judged;
+  (`quality.witness`, its offsets learned per answer form from all its answers, the
+  count-guided repairs allowed, as a session's end judges): exact or repaired over those
+  judged; the offset of each form (`completion_offsets_by_form`);
 * reasoning present when asked (and absent when not), finish reasons, truncation, time to
   first token, tokens per second, cost per 1,000 completion tokens.
 """
@@ -26,6 +27,7 @@ import orjson
 
 from ..client.types import ChatResponse
 from ..conversation import Tool
+from ..quality.forms import answer_form
 from ..quality.repairs import candidates as repair_candidates
 from ..quality.repairs import count_repair
 from ..quality.schema import schema_problem
@@ -69,15 +71,17 @@ class Observation:
     shape: str | None = None
     prompt_delta: int | None = None
     prompt_check: str | None = None
-    # the completion side: provider − ours after the answer's repair (its counting offset)
+    # the completion side: provider − ours after the answer's repair (its counting offset),
+    # and the answer's form (quality.forms: offsets are per form)
     count_offset: int | None = None
+    form: str = "plain"
 
     def to_json(self) -> dict[str, Any]:
         keep = ("canary", "endpoint", "ok", "error", "detail", "provider", "finish_reason",
                 "has_tools", "triggered", "calls", "calls_valid", "schema_problems",
                 "thinking", "reasoning", "truncated", "ttft_s", "generation_s",
                 "completion_tokens", "cost_usd", "quarantine", "witness", "witness_detail",
-                "shape", "prompt_delta", "prompt_check", "count_offset")
+                "shape", "prompt_delta", "prompt_check", "count_offset", "form")
         return {k: getattr(self, k) for k in keep}
 
 
@@ -137,6 +141,7 @@ def observe_answer(obs: Observation, resp: ChatResponse, tools: list[Tool] | Non
     if obs.truncated:
         return  # a cut answer has no stop token: the witness does not judge it
     obs.ours = (len(prompt), len(completion))
+    obs.form = answer_form(message)
     obs.shape = shape_signature(tools, messages, obs.thinking)
     if repair_candidates(message):
         def render(m):
@@ -146,42 +151,34 @@ def observe_answer(obs: Observation, resp: ChatResponse, tools: list[Tool] | Non
 
 
 def judge_witness(observations: Iterable[Observation]) -> None:
-    """The count witness's verdict on each judged answer of one provider, with its offsets
-    learned from all its answers first, as a long run would have learned them (a probe has
-    too few answers to warm up): the deltas of its plain answers and of those a count-guided
-    repair explains, then every answer judged again."""
+    """The count witness's verdict on each judged answer of one provider, as a run judges
+    them: its counting offset learnt per answer form from every answer of that form (the
+    repairs solved jointly with it), then settled with all of them (a probe has too few
+    answers to warm up: the evidence rule applies at the end, as at a session's end)."""
     obs = [o for o in observations if o.ours is not None]
-    first = CountWitness()
-    verdicts = [first.judge("p", prompt=o.ours[0], completion=o.ours[1], usage=o.usage,
-                            repair=o.repair, key=i) for i, o in enumerate(obs)]
-    for r in [*first.take_resolved(), *first.settle()]:
-        if r.completion is not None:  # judged once the offset was known
-            verdicts[r.key] = r.completion
     witness = CountWitness()
-    for o, v in zip(obs, verdicts, strict=True):
-        p, c = o.usage.get("prompt_tokens"), o.usage.get("completion_tokens")
-        if not isinstance(c, int):
-            continue
-        completion = v.completion_check or v.check  # (its prompt side may wait)
-        if completion in ("exact", "repaired"):  # the delta its verdict took as counting
-            o.count_offset = c - (len(v.ids) if v.ids is not None else o.ours[1])
-        if o.repair is None:
-            n = o.ours[1]
-        elif completion == "repaired" and v.ids is not None:
-            n = len(v.ids)
-        else:
-            continue
-        witness.seed("p", p - o.ours[0] if isinstance(p, int) else None, c - n)
     for i, o in enumerate(obs):
         v = witness.judge("p", prompt=o.ours[0], completion=o.ours[1], usage=o.usage,
-                          repair=o.repair, shape=o.shape or "", tools=o.has_tools, key=i)
+                          repair=o.repair, shape=o.shape or "", tools=o.has_tools, key=i,
+                          form=o.form)
         o.witness, o.witness_detail = v.check, v.detail
         o.prompt_delta, o.prompt_check = v.prompt_delta, v.prompt_check
+        _offset(o, v)
     for r in [*witness.take_resolved(), *witness.settle()]:
-        o = obs[r.key]  # an offset or a shape's rendering known later (or settled)
+        o = obs[r.key]  # its form's offset known later (or settled)
         o.prompt_check, o.witness = r.prompt_check, r.count_check
-        if r.completion is not None and r.completion.detail:
-            o.witness_detail = r.completion.detail
+        if r.completion is not None:
+            o.witness_detail = r.completion.detail or o.witness_detail
+            _offset(o, r.completion)
+
+
+def _offset(o: Observation, v) -> None:
+    """The counting offset a final exact / repaired completion verdict took."""
+    c = o.usage.get("completion_tokens")
+    if isinstance(c, int) and v.check in ("exact", "repaired"):
+        o.count_offset = c - (len(v.ids) if v.ids is not None else o.ours[1])
+    else:
+        o.count_offset = None
 
 
 def _share(num: int, den: int) -> float | None:
@@ -213,12 +210,17 @@ def summarize(obs: list[Observation], reference: dict[str, Observation] | None
         if o.shape and o.prompt_delta is not None and o.prompt_check in ("exact", "rendering"):
             by = shapes.setdefault(o.provider or "", {}).setdefault(o.shape, {})
             by[str(o.prompt_delta)] = by.get(str(o.prompt_delta), 0) + 1
-    offsets: dict[str, Counter] = {}  # provider -> counting offset -> n
+    offsets: dict[str, dict[str, Counter]] = {}  # provider -> form -> offset -> n
     for o in answered:
         if o.count_offset is not None and abs(o.count_offset) <= MAX_OFFSET:
-            offsets.setdefault(o.provider or "", Counter())[o.count_offset] += 1
+            offsets.setdefault(o.provider or "", {}).setdefault(
+                o.form, Counter())[o.count_offset] += 1
+    by_form = {p: {f: int(c.most_common(1)[0][0]) for f, c in forms.items()}
+               for p, forms in offsets.items()}  # (every verdict took its form's offset)
     out: dict[str, Any] = {
-        "completion_offsets": {p: int(c.most_common(1)[0][0]) for p, c in offsets.items()},
+        "completion_offsets": {p: forms["plain"] for p, forms in by_form.items()
+                               if "plain" in forms},
+        "completion_offsets_by_form": by_form,
         "prompt_shapes": {p: {sh: int(max(d, key=d.get)) for sh, d in by.items()}
                           for p, by in shapes.items()},
         "requests": len(sent), "unsent": len(obs) - len(sent), "answered": len(answered),

@@ -117,6 +117,9 @@ def config_canaries(cfg: RunConfig, *, scan: int = SCAN_ROWS) -> tuple[list[Cana
     return with_tools, plain
 
 
+FORM_PLAIN = 2  # canaries without tools kept among tool-calling ones (the plain form)
+
+
 def canaries(cfg: RunConfig, n: int, suite: str = "auto") -> tuple[list[Canary], str]:
     """`n` canaries and where they came from, in words. `suite`: `config` (the datasets'
     rows only), `builtin` (the built-in tool-call suite only), `auto` (the datasets'
@@ -127,7 +130,10 @@ def canaries(cfg: RunConfig, n: int, suite: str = "auto") -> tuple[list[Canary],
     if suite == "config":
         return (tools + plain)[:n], "the config's datasets"
     if tools:
-        return (tools + plain)[:n], "the config's datasets (tool-calling rows first)"
+        # every answer form the run will see measured (docs/quality.md, "Answer forms"): a
+        # few rows without tools (plain answers) besides the tool-calling ones
+        k = min(FORM_PLAIN, len(plain), max(0, n - 1))
+        return (tools[:n - k] + plain)[:n], "the config's datasets (tool-calling rows first)"
     chosen = (builtin_canaries() + plain)[:n]
     return chosen, ("the built-in tool-call suite (the datasets declare no tools)"
                     + (", then the datasets' rows" if len(chosen) > len(BUILTIN_PROMPTS) else ""))

@@ -2,112 +2,66 @@
 
 On a hosted API the rebuilt ids are a reconstruction; the provider's `usage.prompt_tokens` and
 `usage.completion_tokens` (counted with the model's own tokenizer on most stacks) are the one
-independent witness of what the model processed and sampled. Each sample gets a verdict:
+independent witness of what the model processed and sampled (docs/quality.md). **The
+completion side decides, the prompt side records.**
 
-* `exact` — the completion count agrees with ours after the provider's learned offset, and
-  the prompt is the official rendering or this provider's rendering of its request shape;
-* `repaired` — the completion (or the prompt) agrees after a count-guided repair
-  (`quality.repairs`);
-* `pending` — the completion is right, the prompt side waits for its shape's rendering
-  (`quality.shapes`): judged again once known, or when the session ends;
-* `unverified` — no witness: the provider reports no usage, or its counts are unusable
-  (its deltas against ours never settle on a constant);
-* `mismatch` — the counts contradict our ids on either side: the sample is wrong.
-
-The two sides are judged apart and recorded on the verdict (`prompt_check`,
-`completion_check`, both deltas, the request shape). The prompt side is learnt per provider
-and request shape by `quality.shapes.ShapeBook` (docs/quality.md, "Two sides"). The completion
-offset is learnt per provider from the deltas (provider − ours) of its plain answers (those no
-known transformation could touch): most providers count exactly (0); some count the stop
-token differently (a constant of at most `MAX_OFFSET`). Until a provider has `WARMUP` answers
-the offset is taken as 0. Its counts are `unusable` once `UNUSABLE_AFTER` answers show no
-delta holding half of them (every answer, its delta taken after its repair), or
-`UNUSABLE_AFTER` plain ones hold none for `STABLE_SHARE` while scattering.
+* Completion side — per provider and answer form (`quality.forms`): each answer is judged
+  under every counting offset (−2 … +2: exact at it, or repaired to it by exactly one
+  count-guided repair), and the form's offset is adopted only on evidence (80% of its answers).
+  Verdicts: `exact`, `repaired`, `pending` (the form's offset is not adopted yet, or the answer
+  disagrees with it while another offset explains it: judged again once adopted, when the
+  form splits, or when the session ends), `unverified` (no counts; a provider whose counts are
+  unusable; a form whose answers split between offsets), `mismatch` (no offset and no repair
+  explains the count, or the form's adopted offset holds at the session's end and this answer
+  is not right at it).
+* Prompt side — classified per answer (`quality.shapes`): `exact`, `rendering`,
+  `default_system`, `history`, `repaired`; a mismatch only for a `shortfall` (the model saw
+  less than the sample claims, beyond what rendering and history can explain) or an
+  `implausible` delta.
 
 `CountWitness.judge` is the one entry point.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .shapes import ShapeBook, combine
+from .forms import FORMS, MAX_OFFSET, OFFSETS, WARMUP, Form
+from .shapes import PROMPT_MISMATCHES, ShapeBook, combine
 
-WARMUP = 5  # answers before a provider's offset is trusted (0 until then)
-STABLE_SHARE = 0.8  # the offset holds for at least this share of the recent answers
-UNUSABLE_AFTER = 20  # answers after which no dominant offset means "counts unusable"
-UNUSABLE_SHARE = 0.5
-WINDOW = 200  # recent deltas kept per provider and side
-# A counting rule differs by a token or two (the stop token, a BOS); a bigger constant is not
-# counting but content — a hidden system prompt — and stays a mismatch.
-MAX_OFFSET = 2
+UNUSABLE_AFTER = 20  # answers after which counts no offset explains make them unusable
+UNUSABLE_SHARE = 0.5  # ... when at least this share of them
+WINDOW = 200
 
-
-@dataclass(slots=True)
-class Side:
-    """The deltas of one provider's counts on one side (prompt or completion)."""
-
-    deltas: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    counts: Counter = field(default_factory=Counter)  # of the deltas in the window
-
-    def add(self, delta: int) -> None:
-        if len(self.deltas) == WINDOW:
-            old = self.deltas[0]
-            self.counts[old] -= 1
-            if not self.counts[old]:
-                del self.counts[old]
-        self.deltas.append(delta)
-        self.counts[delta] += 1
-
-    def state(self) -> tuple[str, int]:
-        """("learning" | "stable" | "unsettled" | "off_by_content" | "unusable", offset to
-        expect)."""
-        n = len(self.deltas)
-        if n < WARMUP:
-            return "learning", 0
-        offset, hits = self.counts.most_common(1)[0]
-        share = hits / n
-        if n >= UNUSABLE_AFTER and share < UNUSABLE_SHARE or (
-                n >= UNUSABLE_AFTER and share < STABLE_SHARE and len(self.counts) > 3):
-            return "unusable", 0
-        if abs(offset) > MAX_OFFSET:
-            return "off_by_content", 0  # e.g. a hidden system prompt: every answer mismatches
-        return ("stable" if share >= STABLE_SHARE else "unsettled"), offset
-
-    def scattered(self) -> bool:
-        """No delta holds half of at least UNUSABLE_AFTER answers: no counting at all."""
-        n = len(self.deltas)
-        return n >= UNUSABLE_AFTER and self.counts.most_common(1)[0][1] / n < UNUSABLE_SHARE
-
-    def settled(self) -> bool:
-        """The deltas hold one constant (whatever it is) for most recent answers."""
-        n = len(self.deltas)
-        return n >= WARMUP and self.counts.most_common(1)[0][1] / n >= STABLE_SHARE
+__all__ = ["CountWitness", "Verdict", "Resolution", "MAX_OFFSET", "OFFSETS", "WARMUP",
+           "UNUSABLE_AFTER", "FORMS"]
 
 
 @dataclass(slots=True)
 class Verdict:
-    check: str  # exact | repaired | unverified | mismatch
+    check: str  # exact | repaired | pending | unverified | mismatch
     detail: str = ""
     repairs: list[str] = field(default_factory=list)
     message: Any = None  # the repaired AssistantMessage (check "repaired"; None: unchanged)
     ids: list[int] | None = None  # its completion ids
     prompt_ids: list[int] | None = None  # the prompt the model saw, when a repair found it
     prompt_messages: Any = None  # the history as the serving stack rendered it, then
-    # each side on its own (quality.shapes): prompt exact | rendering | pending | repaired |
-    # mismatch | unverified | unjudged (the completion is wrong); completion exact |
-    # repaired | mismatch | unverified; the deltas provider − ours; the request shape
+    # each side on its own: prompt (quality.shapes classes); completion exact | repaired |
+    # pending | mismatch | unverified; the deltas provider − ours; the request shape
     prompt_check: str | None = None
     completion_check: str | None = None
     prompt_delta: int | None = None
     completion_delta: int | None = None
     shape: str | None = None
-    # judged with the provider's completion counting settled (one delta holding for most
-    # recent answers); False while learning it, or while its deltas vary
+    form: str | None = None  # the answer form (quality.forms)
+    # judged with its form's offset adopted; False while learning it
     settled: bool = True
+    # unverified because the counts cannot vouch (unusable, or the form split): feeds the
+    # `unverifiable` alarm and the provider's count agreement
+    unvouched: bool = False
 
 
 Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]
@@ -122,101 +76,102 @@ def _count(usage: dict[str, Any], key: str) -> int | None:
 
 class CountWitness:
     def __init__(self) -> None:
-        self.sides: dict[tuple[str, str], Side] = {}
+        self.forms: dict[tuple[str, str], Form] = {}
+        self.unexplained: dict[str, deque] = {}  # provider -> recent "no offset explains"
         self.shapes = ShapeBook()
-        self.open: dict[Any, _Open] = {}  # completion side waiting for the offset
-        self.decided: dict[Any, tuple[_Open, Verdict]] = {}  # ... for its prompt side now
+        self.open: dict[Any, _Open] = {}  # completion side waiting for its form's offset
+        # completion side judged again, its prompt side waiting for its shape's rendering
+        self.decided: dict[Any, tuple[Verdict, bool]] = {}
         self.resolved: list[Resolution] = []
 
-    def _side(self, provider: str, which: str) -> Side:
-        side = self.sides.get((provider, which))
-        if side is None:
-            side = self.sides[(provider, which)] = Side()
-        return side
+    def form(self, provider: str, form: str) -> Form:
+        f = self.forms.get((provider, form))
+        if f is None:
+            f = self.forms[(provider, form)] = Form()
+        return f
 
     def judge(self, provider: str, *, prompt: int, completion: int, usage: dict[str, Any],
               repair: Repair | None = None, prompt_repair: PromptRepair | None = None,
-              shape: str = "", tools: bool = False, key: Any = None) -> Verdict:
+              shape: str = "", tools: bool = False, key: Any = None, form: str = "plain",
+              history: bool = False, system: bool = True,
+              prompt_floor: Callable[[], int] | None = None,
+              default_system: Callable[[], int] | None = None) -> Verdict:
         """Our counts (`prompt`, `completion` ids) against the answer's `usage`. `repair(n)`
-        tries the known transformations for a completion of exactly n ids; None when no
-        transformation could apply to this answer (a plain answer: only those teach the
-        provider's completion offset, since a re-serialised or padded answer's delta is not
-        the provider's counting). `prompt_repair(n)` does the same for the prompt (None: a
-        plain prompt). The prompt side is judged per request `shape` (`quality.shapes`:
-        `tools` says whether the request declared tools; `key`, the sample's task id, names a
-        pending sample when its shape's rendering becomes known)."""
+        tries the known transformations for a completion of exactly n ids (None: none could
+        apply); `prompt_repair(n)` the same for the prompt. `form` is the answer's form;
+        `shape`, `history` (earlier assistant or tool turns), `system` (a system message),
+        `prompt_floor()` (the fewest prompt ids any stack could have fed for these messages)
+        and `default_system()` (ids of the template's default system prompt) classify the
+        prompt side. `key` (the task id) names a sample judged again later."""
         theirs_p, theirs_c = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
         if theirs_c is None:
-            return Verdict("unverified", "no usage counts in the answer")
-        cs = self._side(provider, "completion")
-        c_state, c_off = cs.state()
-        settled = cs.settled()
-        problems: list[str] = []
+            return Verdict("unverified", "no usage counts in the answer", form=form)
+        dc = theirs_c - completion
+        candidates = {o: _completion_side(completion, theirs_c, dc, o, repair)
+                      for o in OFFSETS}
+        support = {o: v.check == "exact" for o, v in candidates.items()
+                   if v.check in ("exact", "repaired")}
+        f = self.form(provider, form)
+        settled = f.offset is not None
+        hold = False
+        unexplained = self.unexplained.setdefault(provider, deque(maxlen=WINDOW))
+        unexplained.append(not support)
+        if self.unusable(provider):
+            verdict = Verdict("unverified", f"{provider}'s completion counts are unusable "
+                                            f"(ours {completion}, provider {theirs_c})",
+                              unvouched=True)
+        elif not support:
+            verdict = Verdict("mismatch", f"completion: ours {completion}, provider "
+                                          f"{theirs_c} (no counting offset within "
+                                          f"±{MAX_OFFSET} and no repair explains it)")
+        else:
+            f.add(support)
+            self._evaluate(provider, form)
+            if f.split:
+                verdict = _split_verdict(provider, form)
+            elif f.offset is not None and candidates[f.offset].check != "mismatch":
+                verdict = candidates[f.offset]
+            else:
+                hold = True  # learning, or another offset than the adopted one explains it
+                verdict = Verdict("pending")
+        verdict.settled, verdict.form = settled, form
+        c_check = "pending" if hold else verdict.check
         fixed_prompt: tuple[list[int], list[str]] | None = None
-        p_check, dp = "unverified", None
+        p_check, dp, p_note = "unverified", None, ""
         if theirs_p is not None:
             dp = theirs_p - prompt
-            expected = self.shapes.expected(provider, shape)
-            base = expected if expected is not None else 0
-            if prompt_repair is not None and dp != base:
+            base = self.shapes.expected(provider, shape) or 0
+            if prompt_repair is not None and dp not in (0, base):
                 fixed_prompt = prompt_repair(theirs_p - base)
                 if fixed_prompt is not None:
                     dp = theirs_p - len(fixed_prompt[0])
-            p_check = "pending"  # judged below, once the completion's verdict is known
-        dc = theirs_c - completion
-        plain = repair is None
-        if plain:
-            cs.add(dc)
-        every = self._side(provider, "every")  # every answer's delta, after its repair
-        candidates = None
-        if c_state == "unusable" or (plain and cs.state()[0] == "unusable") \
-                or every.scattered():
-            verdict = Verdict("unverified", f"{provider}'s completion counts are unusable "
-                                            f"(ours {completion}, provider {theirs_c})")
-        elif c_state in ("stable", "unsettled", "off_by_content"):
-            verdict = _completion_side(completion, theirs_c, dc, c_off, repair)
-        else:
-            # the offset is not known yet: the verdict under every offset it may turn out
-            # to be; one verdict for all of them is final now, else the sample waits
-            candidates = {o: _completion_side(completion, theirs_c, dc, o, repair)
-                          for o in OFFSETS}
-            verdict = _agreed(candidates)
-            if verdict is None and cs.state()[0] != "learning":  # this answer taught it
-                verdict = candidates.get(cs.state()[1]) or candidates[0]
-            if verdict is not None:
-                candidates = None
-            else:
-                verdict = Verdict("exact")  # ours, unchanged meanwhile
-        verdict.settled = settled
-        if candidates is None:
-            _learn_every(every, verdict, theirs_c, dc, c_off)
-        if verdict.check == "mismatch":
-            problems.append(verdict.detail)
-        c_check = "mismatch" if problems else verdict.check
-        if candidates is not None:
-            c_check = verdict.completion_check = "pending"
-        if dp is not None:
-            p_check = self.shapes.judge(provider, shape, dp, tools=tools, key=key,
-                                        completion_check=c_check) \
-                if c_check != "mismatch" else "unjudged"
-            if p_check == "mismatch":
-                problems.insert(0, f"prompt: ours {prompt}, provider {theirs_p} (this "
-                                   f"provider's delta for this request shape: "
-                                   f"{_signed(self.shapes.expected(provider, shape))})")
-            elif p_check in ("exact", "rendering") and fixed_prompt is not None:
+            p_check, p_note = self.shapes.judge(
+                provider, shape, dp, prompt=prompt, tools=tools, history=history,
+                system=system, floor=prompt_floor, default_system=default_system, key=key,
+                completion_check=c_check)
+            if fixed_prompt is not None and p_check not in PROMPT_MISMATCHES + ("pending",):
                 p_check = "repaired"
-        if candidates is not None and p_check == "mismatch":
-            candidates = None  # a mismatch whatever the offset: final now
-            c_check = verdict.completion_check = verdict.check
+        prompt_bad = p_check in PROMPT_MISMATCHES
+        if hold and prompt_bad:  # a mismatch whatever the offset: final now
+            hold, c_check = False, "unjudged"
         sides = dict(prompt_check=p_check, completion_check=c_check, prompt_delta=dp,
                      completion_delta=dc, shape=shape)
-        if candidates is not None:
+        if hold:
             self.open[key if key is not None else object()] = _Open(
-                provider, candidates, p_check, theirs_c, dc)
-        if c_state == "learning" and cs.state()[0] != "learning":  # this answer taught it
-            self._resolve_completion(provider)
+                provider, form, candidates, p_check, theirs_c, dc)
+        elif p_check == "pending" and verdict.unvouched and key is not None:
+            # final, unvouched, its prompt side waits: said so when both are final
+            self.decided[key] = (Verdict(c_check, verdict.detail, unvouched=True), True)
+        elif c_check in ("exact", "repaired") and not prompt_bad and key is not None:
+            f.members[key] = p_check
+        problems = []
+        if prompt_bad:
+            problems.append(f"prompt: ours {prompt}, provider {theirs_p} ({p_note})")
+        if c_check == "mismatch":
+            problems.append(verdict.detail)
         if problems:
-            return Verdict("mismatch", "; ".join(problems), settled=settled, **sides)
+            return Verdict("mismatch", "; ".join(problems), settled=settled, form=form,
+                           **sides)
         if fixed_prompt is not None and p_check == "repaired":
             ids, names = fixed_prompt
             note = f"prompt: ours {prompt} -> {len(ids)} after {'+'.join(names)}, " \
@@ -226,48 +181,71 @@ class CountWitness:
             verdict.prompt_ids = ids
         for k, v in sides.items():
             setattr(verdict, k, v)
-        verdict.check = combine(c_check, p_check if p_check != "unjudged" else "exact")
-        if candidates is not None:
-            verdict.detail = "completion: waits for the provider's counting offset; " + (
-                verdict.detail or f"ours {completion}, provider {theirs_c}")
-        if p_check in ("rendering", "pending") and dp:
-            note = f"prompt: provider {theirs_p}, ours {prompt} ({_signed(dp)}: " + (
-                "its rendering of this request shape)" if p_check == "rendering" else
-                "this request shape's rendering not known yet: judged again when it is)")
+        verdict.check = combine(c_check, p_check)
+        if hold:
+            verdict.detail = (f"completion: waits for {provider}'s counting offset for "
+                              f"{form} answers (ours {completion}, provider {theirs_c})")
+        if dp and p_check not in PROMPT_MISMATCHES and p_note:
+            note = f"prompt: provider {theirs_p}, ours {prompt} ({dp:+d}: {p_note})"
             verdict.detail = f"{verdict.detail}; {note}" if verdict.detail else note
         return verdict
 
-    def _resolve_completion(self, provider: str, offset: int | None = None) -> None:
-        """The provider's offset is known (or the session ends: `offset`): every sample of it
-        whose completion side waited gets the verdict for that offset."""
-        if offset is None:
-            offset = self._side(provider, "completion").state()[1]
-        every = self._side(provider, "every")
-        for key in [k for k, o in self.open.items() if o.provider == provider]:
-            o = self.open.pop(key)
-            v = o.candidates.get(offset, o.candidates[0])
-            _learn_every(every, v, o.theirs, o.delta, offset)
-            self.decided[key] = (o, v)
-        self._emit()
+    def _evaluate(self, provider: str, form: str, final: bool = False) -> None:
+        """The evidence rule on one form; what it adopts or splits is carried out on the
+        samples that wait for it or were judged at it."""
+        f = self.form(provider, form)
+        change = f.evaluate(final)
+        if change == "adopted" or (final and f.offset is not None):
+            self._resolve(provider, form, final)
+        elif change == "split" or (final and f.split):
+            for key, p_check in f.members.items():
+                self._complete(key, _split_verdict(provider, form), p_check, True)
+            f.members.clear()
+            self._resolve(provider, form, final)
+
+    def _resolve(self, provider: str, form: str, final: bool) -> None:
+        """The samples waiting on this form: judged at its adopted offset (those another
+        offset explains wait on, until the session ends), unverified when it split."""
+        f = self.form(provider, form)
+        for key in [k for k, o in self.open.items() if (o.provider, o.form) == (provider,
+                                                                                 form)]:
+            o = self.open[key]
+            if f.split:
+                v, unvouched = _split_verdict(provider, form), True
+            else:
+                v, unvouched = o.candidates[f.offset], False
+                if v.check == "mismatch" and not final:
+                    continue  # the evidence may still turn: judged when it is final
+            del self.open[key]
+            if v.check in ("exact", "repaired"):
+                f.members[key] = o.prompt_check
+            self._complete(key, v, o.prompt_check, unvouched)
+
+    def _complete(self, key: Any, v: Verdict, p_check: str, unvouched: bool) -> None:
+        """A completion verdict given again: final with its prompt side, or waiting for it."""
+        if p_check == "pending":
+            self.decided[key] = (v, unvouched)
+            self.shapes.pending_completion(key, v.check)
+            return
+        self.resolved.append(Resolution(key, combine(v.check, p_check), p_check, v.check, v,
+                                        unvouched))
 
     def _emit(self) -> None:
-        """Samples whose both sides are now judged go to `resolved`."""
+        """Prompt sides judged again (their shape's rendering adopted): final samples."""
         for r in self.shapes.take_resolved():
             if r.key in self.open:  # its completion waits still
                 self.open[r.key].prompt_check = r.prompt_check
-            elif r.key in self.decided:
-                self.decided[r.key][0].prompt_check = r.prompt_check
-            else:
-                self.resolved.append(Resolution(r.key, combine(r.completion_check,
-                                                               r.prompt_check),
-                                                r.prompt_check, r.completion_check))
-        for key in [k for k, (o, _) in self.decided.items() if o.prompt_check != "pending"]:
-            o, v = self.decided.pop(key)
-            c = v.check
-            p = "unjudged" if c == "mismatch" and o.prompt_check != "mismatch" \
-                else o.prompt_check
-            self.resolved.append(Resolution(
-                key, combine(c, p if p != "unjudged" else "exact"), p, c, v))
+                continue
+            for f in self.forms.values():
+                if r.key in f.members:
+                    f.members[r.key] = r.prompt_check
+            v, unvouched = self.decided.pop(r.key, (None, False))
+            c = v.check if v is not None else r.completion_check
+            if c in ("exact", "repaired") and r.prompt_check in PROMPT_MISMATCHES:
+                for f in self.forms.values():
+                    f.members.pop(r.key, None)
+            self.resolved.append(Resolution(r.key, combine(c, r.prompt_check),
+                                            r.prompt_check, c, v, unvouched))
 
     def take_resolved(self) -> list[Resolution]:
         """The samples judged again since the last call (both sides final)."""
@@ -276,50 +254,54 @@ class CountWitness:
         return out
 
     def settle(self) -> list[Resolution]:
-        """The session ends: every sample still pending gets its final verdict — the
-        completion side at its provider's offset (while still learning: its most common
-        plain delta within a counting offset, else 0), the prompt side by
-        `ShapeBook.settle`."""
-        for provider in sorted({o.provider for o in self.open.values()}):
-            side = self._side(provider, "completion")
-            state, offset = side.state()
-            if state == "learning":
-                common = side.counts.most_common(1)
-                offset = common[0][0] if common and abs(common[0][0]) <= MAX_OFFSET else 0
-            self._resolve_completion(provider, offset)
+        """The session ends: the evidence rule on every form with every answer it has
+        (no fallback: a form no offset holds 80% of is split, its samples unverified), and
+        every sample still waiting gets its final verdict."""
+        for provider, form in sorted(self.forms):
+            self._evaluate(provider, form, final=True)
+        for key in [k for k, o in self.open.items()]:  # a form with no evidence at all
+            o = self.open.pop(key)
+            self._complete(key, _split_verdict(o.provider, o.form), o.prompt_check, True)
         for r in self.shapes.settle():
             self.shapes.resolved.append(r)
         return self.take_resolved()
 
-    def seed(self, provider: str, prompt_delta: int | None, completion_delta: int) -> None:
-        """An earlier session's sample that its counts vouched for (exact or repaired): its
-        deltas are the provider's offsets, so a resumed run does not learn them again."""
-        del prompt_delta  # the prompt side is learnt per request shape (seed_shape)
-        self._side(provider, "completion").add(completion_delta)
+    def seed(self, provider: str, prompt_delta: int | None, completion_delta: int,
+             form: str = "plain") -> None:
+        """An earlier session's sample its counts vouched for (exact or repaired): its
+        completion delta (after its repair) is evidence of its form's offset, so a resumed
+        run does not learn it again."""
+        del prompt_delta  # the prompt side records; it learns per request shape (seed_shape)
+        if abs(completion_delta) <= MAX_OFFSET:
+            self.form(provider, form).add({completion_delta: True})
+            self._evaluate(provider, form)
 
-    def learn_offset(self, provider: str, offset: int) -> None:
-        """A provider's completion counting offset measured beforehand (`specgen probe`):
-        known at once, so its first answers are judged on arrival."""
-        side = self._side(provider, "completion")
-        for _ in range(max(0, WARMUP - len(side.deltas))):
-            side.add(offset)
-        self._resolve_completion(provider)
+    def learn_offset(self, provider: str, offset: int, form: str = "plain") -> None:
+        """A form's completion offset measured beforehand (`specgen probe`): known at once,
+        so its first answers are judged on arrival."""
+        if abs(offset) > MAX_OFFSET:
+            return
+        f = self.form(provider, form)
+        for _ in range(max(0, WARMUP - len(f.supports))):
+            f.add({offset: True})
+        self._evaluate(provider, form)
 
     def seed_open(self, provider: str, key: Any, *, theirs: int, delta: int, stored: int,
-                  prompt_check: str, repairs: list[str]) -> None:
+                  prompt_check: str, repairs: list[str], form: str = "plain") -> None:
         """An earlier session's sample stored with its completion side waiting (`stored`
         completion ids, its count `repairs`): its verdict stands at the offset it was stored
         for (the provider's count minus those ids); at another one it is a mismatch (the raw
         answer, to try other repairs with, is not kept)."""
         at = theirs - stored
         check = "repaired" if repairs else "exact"
-        self.open[key] = _Open(provider, {
+        self.open[key] = _Open(provider, form, {
             o: Verdict(check, repairs=list(repairs)) if o == at else
             Verdict("mismatch", f"completion: ours {stored}, provider {theirs} (expected "
                                 f"offset {o:+d})") for o in OFFSETS},
             prompt_check, theirs, delta)
-        if self._side(provider, "completion").state()[0] != "learning":
-            self._resolve_completion(provider)
+        if abs(at) <= MAX_OFFSET:
+            self.form(provider, form).add({at: not repairs})
+        self._evaluate(provider, form)
 
     def seed_shape(self, provider: str, shape: str, delta: int, *, tools: bool,
                    key: Any = None, pending: bool = False,
@@ -328,44 +310,56 @@ class CountWitness:
         self.shapes.seed(provider, shape, delta, tools=tools, key=key, pending=pending,
                          completion_check=completion_check)
 
+    def split_forms(self, provider: str) -> list[str]:
+        """The forms of a provider whose answers split between offsets (unverified)."""
+        return [form for (p, form), f in sorted(list(self.forms.items())) if p == provider
+                and f.split]
+
     def state(self, provider: str) -> dict[str, Any]:
-        """A provider's learned offsets: {side: {"state", "offset", "answers"}}."""
-        out = {}
-        for which in ("prompt", "completion"):
-            side = self.sides.get((provider, which))
-            if side is not None:
-                st, off = side.state()
-                out[which] = {"state": st, "offset": off, "answers": len(side.deltas)}
-        return out
+        """A provider's completion side: {"completion": {"state", "forms": {form: ...}}}."""
+        forms = {form: f.to_json() for (p, form), f in sorted(list(self.forms.items()))
+                 if p == provider}
+        if self.unusable(provider):
+            state = "unusable"
+        elif any(f["state"] == "split" for f in forms.values()):
+            state = "split"
+        elif forms and all(f["state"] == "adopted" for f in forms.values()):
+            state = "stable"
+        else:
+            state = "learning"
+        return {"completion": {"state": state, "forms": forms,
+                               "answers": sum(f["answers"] for f in forms.values())}}
 
     def unusable(self, provider: str) -> bool:
-        side = self.sides.get((provider, "completion"))
-        every = self.sides.get((provider, "every"))
-        return (side is not None and side.state()[0] == "unusable") or (
-            every is not None and every.scattered())
+        """No offset and no repair explains at least half of its last answers (≥ 20):
+        counts from another tokenizer, halves (DeepInfra)."""
+        seen = self.unexplained.get(provider)
+        return seen is not None and len(seen) >= UNUSABLE_AFTER and \
+            sum(seen) / len(seen) >= UNUSABLE_SHARE
 
     def to_json(self) -> dict[str, Any]:
         shapes = self.shapes.to_json()
         # list(): one copy, taken at once (a large answer is judged in a worker thread while
         # the loop writes live.json)
-        out = {p: self.state(p) for p in sorted({p for p, _ in list(self.sides)})}
+        names = {p for p, _ in list(self.forms)} | set(list(self.unexplained))
+        out = {p: self.state(p) for p in sorted(names)}
         for p, st in out.items():
             if self.unusable(p):
                 st["counts_unusable"] = True
+            if split := self.split_forms(p):
+                st["unverified_forms"] = split
         for p, by_shape in shapes.items():
             out.setdefault(p, {})["prompt_shapes"] = by_shape
         return out
 
 
-OFFSETS = tuple(range(-MAX_OFFSET, MAX_OFFSET + 1))  # the counting offsets a provider may have
-
-
 @dataclass(slots=True)
 class _Open:
-    """A sample whose completion side waits for its provider's counting offset: its verdict
-    under each offset, and its prompt side's (`pending` while that waits too)."""
+    """A sample whose completion side waits for its form's offset: its verdict under each
+    offset, and its prompt side's."""
 
     provider: str
+    form: str
     candidates: dict[int, Verdict]
     prompt_check: str
     theirs: int  # the provider's completion count
@@ -374,14 +368,22 @@ class _Open:
 
 @dataclass(slots=True)
 class Resolution:
-    """A pending sample's final verdict: `count_check` and each side's, and `completion` the
-    completion side's verdict (its repair's ids and message, when the offset chose one)."""
+    """A sample's verdict given again: `count_check` and each side's, and `completion` the
+    completion side's verdict (its repair's ids and message, when the offset chose one);
+    `unvouched`: unverified because its form split (or the counts are unusable)."""
 
     key: Any
     count_check: str
     prompt_check: str
     completion_check: str
     completion: Verdict | None = None
+    unvouched: bool = False
+
+
+def _split_verdict(provider: str, form: str) -> Verdict:
+    return Verdict("unverified", f"{provider}'s counts of {form} answers split between "
+                                 "offsets (no offset holds for 80% of them): they cannot "
+                                 "vouch for it", unvouched=True, form=form)
 
 
 def _completion_side(completion: int, theirs: int, dc: int, offset: int,
@@ -396,24 +398,3 @@ def _completion_side(completion: int, theirs: int, dc: int, offset: int,
     message, ids, names = fixed
     return Verdict("repaired", f"completion: ours {completion} -> {len(ids)} after "
                                f"{'+'.join(names)}, provider {theirs}", names, message, ids)
-
-
-def _agreed(candidates: dict[int, Verdict]) -> Verdict | None:
-    """The verdict every offset gives (one check, the same ids), or None."""
-    first = candidates[0]
-    if all(v.check == first.check and v.ids == first.ids for v in candidates.values()):
-        return first
-    return None
-
-
-def _learn_every(every: Side, verdict: Verdict, theirs: int, dc: int, offset: int) -> None:
-    """Feed the 'every answer' side with the delta left after the verdict's repair."""
-    if verdict.ids is not None:  # the delta that is left: the provider's counting
-        every.add(theirs - len(verdict.ids))
-    elif verdict.check != "unverified" and (verdict.check != "mismatch"
-                                            or abs(dc - offset) > MAX_OFFSET):
-        every.add(dc)  # (a small unexplained delta may be a transformation's: left out)
-
-
-def _signed(n: int | None) -> str:
-    return "not known" if n is None else f"{n:+d}"

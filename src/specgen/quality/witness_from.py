@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from .forms import FORMS
 
 
 def read_deltas(path: Path) -> list[tuple[str, str, int]]:
@@ -27,14 +28,23 @@ def read_deltas(path: Path) -> list[tuple[str, str, int]]:
     return out
 
 
-def read_offsets(path: Path) -> dict[str, int]:
-    """{provider: completion counting offset} a probe.json measured (`completion_offsets`;
-    empty for a probe written before it measured them)."""
-    out: dict[str, int] = {}
+def read_offsets(path: Path) -> dict[tuple[str, str], int]:
+    """{(provider, answer form): completion counting offset} a probe.json measured
+    (`completion_offsets_by_form`; a probe written before it measured forms: its
+    `completion_offsets`, taken as the plain form's)."""
+    out: dict[tuple[str, str], int] = {}
     for row in _rows(path):
-        offsets = row.get("completion_offsets") if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            continue
+        offsets = row.get("completion_offsets")
         if isinstance(offsets, dict):
-            out.update({str(p): d for p, d in offsets.items() if p and _int(d)})
+            out.update({(str(p), "plain"): d for p, d in offsets.items() if p and _int(d)})
+        by_form = row.get("completion_offsets_by_form")
+        if isinstance(by_form, dict):
+            for p, forms in by_form.items():
+                if p and isinstance(forms, dict):
+                    out.update({(str(p), str(f)): d for f, d in forms.items()
+                                if f in FORMS and _int(d)})
     return out
 
 

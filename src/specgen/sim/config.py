@@ -92,6 +92,9 @@ class QuirkRates:
     wrong_model: float = 0.0  # the answer names `wrong_model_slug` as its model
     pad_whitespace: float = 0.0  # content gets "\n\n" after reasoning, "\n" before tool calls
     duplicate_events: float = 0.0  # streams: one content/reasoning event sent twice
+    # a relay that adds a word (" Indeed": one token) to the end of the content, the usage
+    # still the model's honest count (docs/sim.md, "Usage counting")
+    relay_extra_token: float = 0.0
     # the provider drops `tools`: the model sees no declaration, no tool parser runs, and the
     # calls it still makes come back as raw Kimi marker text in `content`
     tools_ignored: float = 0.0
@@ -154,6 +157,16 @@ class ProviderConfig:
     quirks: QuirkRates = field(default_factory=QuirkRates)
     # How the provider counts (the reported `usage`; the true counts are len(ids)):
     usage_completion_offset: int = 0  # added to completion_tokens (-1: stop token not counted)
+    # per answer form (quality.forms: plain, reasoning, tools, reasoning+tools), instead of
+    # usage_completion_offset for that form: e.g. {tools = -1, "reasoning+tools" = -2}
+    usage_completion_offsets: dict[str, int] = field(default_factory=dict)
+    # prompt_tokens += this per earlier assistant or tool message of the request: the
+    # provider renders a conversation's history its own way (the delta moves with it)
+    history_rendering_tokens: int = 0
+    # prompt_tokens -= the official template's default system prompt (the ids it adds to a
+    # request without a system message): the provider does not add it (Moonshot's platform)
+    omits_default_system: bool = False
+    usage_alternating: bool = False  # completion_tokens one over, then one under, in turn
     usage_prompt_offset: int = 0  # added to prompt_tokens
     usage_noise: float = 0.0  # completion_tokens x U[1 - noise, 1 + noise] per request, rounded
     hidden_system_prompt_tokens: int = 0  # a hidden system prompt: prompt_tokens += this
@@ -179,7 +192,9 @@ class ProviderConfig:
         """Whether the reported usage is the true count (no counting key set)."""
         return not (self.usage_completion_offset or self.usage_prompt_offset or self.usage_noise
                     or self.hidden_system_prompt_tokens or self.tools_rendering_tokens
-                    or self.prompt_drop_rate)
+                    or self.prompt_drop_rate or self.usage_completion_offsets
+                    or self.history_rendering_tokens or self.omits_default_system
+                    or self.usage_alternating)
 
     @property
     def slug(self) -> str:
@@ -377,6 +392,11 @@ class SimConfig:
                 value = getattr(p, key)
                 if not isinstance(value, int) or isinstance(value, bool):
                     raise ConfigError(f"{label}: {key} must be an integer, got {value!r}")
+            _form_offsets(p.usage_completion_offsets, label)
+            h = p.history_rendering_tokens
+            if not isinstance(h, int) or isinstance(h, bool):
+                raise ConfigError(f"{label}: history_rendering_tokens must be an integer, "
+                                  f"got {h!r}")
             if p.hidden_system_prompt_tokens < 0:
                 raise ConfigError(f"{label}: hidden_system_prompt_tokens must be >= 0")
             if (not isinstance(p.tools_rendering_tokens, int)
@@ -482,3 +502,20 @@ def _iso(value: datetime.date) -> str:
 
 def _slugify(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "provider"
+
+
+FORMS = ("plain", "reasoning", "tools", "reasoning+tools")
+
+
+def _form_offsets(value: object, label: str) -> None:
+    """`usage_completion_offsets`: {form: integer} over the answer forms."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{label}: usage_completion_offsets must be a table of answer forms "
+                          f"({', '.join(FORMS)}) to integers, got {value!r}")
+    for form, offset in value.items():
+        if form not in FORMS:
+            raise ConfigError(f"{label}: usage_completion_offsets: {form!r} is not an answer "
+                              f"form ({', '.join(FORMS)})")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise ConfigError(f"{label}: usage_completion_offsets.{form} must be an integer, "
+                              f"got {offset!r}")

@@ -93,7 +93,7 @@ class _Endpoint:
     """What a request needs of one provider, computed once."""
 
     __slots__ = ("faults", "quirks", "prompt_price", "completion_price", "cache_price",
-                 "counting")
+                 "counting", "alternate")
 
     def __init__(self, p: ProviderConfig):
         self.faults = fault_table(p.faults)
@@ -103,6 +103,7 @@ class _Endpoint:
         self.cache_price = p.cache_read_price()
         # How the provider counts, when not exactly (docs/sim.md, "Usage counting"):
         # (added to prompt_tokens, added to completion_tokens, completion noise).
+        self.alternate = False  # usage_alternating: the sign of the last answer's error
         self.counting = None if p.counts_exactly else (
             p.hidden_system_prompt_tokens + p.usage_prompt_offset, p.usage_completion_offset,
             float(p.usage_noise))
@@ -553,6 +554,7 @@ class Simulator:
         now = time.time()
         gen_id = f"gen-{int(now)}-{rng.getrandbits(64):016x}"
         del rng  # nothing more is drawn before the answer: hold no state while waiting
+        ctx.world = self._world(provider, req)  # before the messages may be let go
         if self.model.fast:
             req.messages = []  # the answer needs only what parse_chat_request kept
         ctx.req, ctx.quirks, ctx.prompt_ids, ctx.gen_id = req, quirks, prompt_ids, gen_id
@@ -621,7 +623,8 @@ class Simulator:
             ctx.served.quirks = sorted([*ctx.served.quirks, "wrong_model"])
         if req.tools_ignored:
             ctx.served.quirks = sorted([*ctx.served.quirks, "tools_ignored"])
-        ctx.usage = self._usage(provider, n_prompt, ctx.served, rng, req.tools)
+        ctx.usage = self._usage(provider, n_prompt, ctx.served, rng, req.tools,
+                                world=ctx.world)
         ctx.draw = rng.random()  # where a failing answer breaks off, which error shape
 
     def _rngs(self, raw: bytes, seed: int | None) -> tuple[HashRandom, bytes, bytes | None]:
@@ -641,8 +644,25 @@ class Simulator:
             content = b"c" + digest + (seed & ((1 << 128) - 1)).to_bytes(16, "little")
         return HashRandom(b"p" + base), b"a" + base, content
 
+    def _world(self, p: ProviderConfig, req) -> int:
+        """What a world-like provider adds to the prompt count for this request's history:
+        `history_rendering_tokens` per earlier assistant or tool message, less the default
+        system prompt under `omits_default_system` (docs/sim.md, "Usage counting")."""
+        if not (p.history_rendering_tokens or p.omits_default_system):
+            return 0
+        messages = req.messages or []
+        add = p.history_rendering_tokens * sum(
+            isinstance(m, dict) and m.get("role") in ("assistant", "tool") for m in messages)
+        if p.omits_default_system and not any(
+                isinstance(m, dict) and m.get("role") == "system" for m in messages):
+            renderer = self.renderers[req.thinking]
+            bare = renderer.prompt_ids([{"role": "system", "content": ""}, *messages],
+                                       req.tools)
+            add -= max(0, len(renderer.prompt_ids(messages, req.tools)) - len(bare))
+        return add
+
     def _usage(self, p: ProviderConfig, n_prompt: int, served: Served, rng: random.Random,
-               tools: list | None = None) -> dict[str, Any]:
+               tools: list | None = None, world: int = 0) -> dict[str, Any]:
         n_completion = len(served.ids)
         cached = 0
         if p.cache_hit_rate and rng.random() < p.cache_hit_rate:
@@ -657,8 +677,13 @@ class Simulator:
             prompt_add, completion_add, noise = counting
             if noise:
                 n_completion = round(n_completion * rng.uniform(1.0 - noise, 1.0 + noise))
+            form = self.serving.form(served)
+            completion_add = p.usage_completion_offsets.get(form, completion_add)
+            if p.usage_alternating:
+                ep.alternate = not ep.alternate
+                completion_add += 1 if ep.alternate else -1
             n_completion = max(0, n_completion + completion_add)
-            n_prompt = max(0, n_prompt + prompt_add + _tools_rendering(p, tools))
+            n_prompt = max(0, n_prompt + prompt_add + _tools_rendering(p, tools) + world)
             if p.prompt_drop_rate and rng.random() < p.prompt_drop_rate:
                 n_prompt = max(0, n_prompt - 10 - int(n_prompt * rng.uniform(0.1, 0.5)))
             cached = min(cached, n_prompt)
@@ -914,7 +939,7 @@ class _Ctx:
     """Everything about one chat request being answered."""
 
     __slots__ = ("sim", "request", "finished", "step", "task", "error", "req", "provider",
-                 "quirks", "served", "usage", "prompt_ids", "resegmented", "answer_key",
+                 "quirks", "served", "usage", "world", "prompt_ids", "resegmented", "answer_key",
                  "content_key", "draw", "gen_id", "created", "latency", "fault", "model",
                  "weight", "wrong_model", "quantization")
 
@@ -929,6 +954,7 @@ class _Ctx:
         self.fault: str | None = None
         self.served: Served | None = None
         self.usage: dict[str, Any] = {}
+        self.world = 0  # what a world-like provider adds to the prompt count (Simulator._world)
         self.resegmented = 0
         self.draw = 0.0
         self.weight = 0.0  # in-flight budget weight held (USD), released by _finish

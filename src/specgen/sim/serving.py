@@ -283,8 +283,31 @@ class Server:
         if "pad_whitespace" in quirks and "empty_content" not in effective and self._pad(
                 pieces, any(k == "reasoning" and e > s for k, s, e in spans)):
             effective.add("pad_whitespace")
+        if "relay_extra_token" in quirks and self._relay_word(pieces):
+            effective.add("relay_extra_token")
         applied.extend(q for q in sorted(quirks) if q in effective)
         return pieces
+
+    @staticmethod
+    def _relay_word(pieces: list[Piece]) -> bool:
+        """`relay_extra_token`: a relay adds " Indeed" (one token) after the content's last
+        piece, as a piece of its own that covers no ids (the usage stays the model's)."""
+        content = [n for n, p in enumerate(pieces) if p.kind == "text" and p.field == "content"]
+        if not content:
+            return False
+        at = content[-1]
+        pos = pieces[at].end
+        pieces.insert(at + 1, Piece("text", pos, pos, "content", " Indeed"))
+        return True
+
+    @staticmethod
+    def form(served: Served) -> str:
+        """The answer form (quality.forms) of what the model sampled: reasoning, tool calls,
+        both or neither."""
+        reasoning = served.reasoning_tokens > 0
+        calls = any(p.kind in ("call", "args") for p in served.pieces)
+        return ("reasoning+tools" if calls else "reasoning") if reasoning else (
+            "tools" if calls else "plain")
 
     def _call(self, ids, spans, j, index, pieces) -> int:
         """One tool call starting at spans[j] (call_begin). Returns the next span index."""

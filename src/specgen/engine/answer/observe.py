@@ -31,17 +31,19 @@ def observation(a: Answer, outcome: Outcome, ctx: AnswerContext) -> Observation:
         after_tool_result=bool(job.messages) and job.messages[-1].get("role") == "tool",
         repetition=a.repetition is not None,
         witness=a.count_check if kind != "rejected" else None,
-        counts_unusable=kind != "rejected" and a.count_check == "unverified"
-        and ctx.witness.unusable(resp.provider or resp.base_url or UNKNOWN_PROVIDER))
+        counts_unusable=kind != "rejected" and a.count_check == "unverified" and (
+            (a.verdict is not None and a.verdict.unvouched)
+            or ctx.witness.unusable(resp.provider or resp.base_url or UNKNOWN_PROVIDER)))
 
 
 def rejudged_observation(change) -> Observation:
-    """A sample stored pending and judged again (`answer.rejudge.Change`): only its count
-    verdict is news (its other figures were counted when it arrived)."""
+    """A sample judged again (`answer.rejudge.Change`: stored pending, or made unverified as
+    its form split): only its count verdict is news (its other figures were counted when it
+    arrived)."""
     quarantined = change.quarantine is not None
     return Observation(
         provider=change.provider or UNKNOWN, dataset=change.dataset, task=change.task,
         outcome="quarantined" if quarantined else "ok",
         reason=change.quarantine.reason if quarantined else None,
         count_check=change.after if change.after in JUDGED else None,
-        witness=change.after, rejudged=True)
+        witness=change.after, rejudged=True, counts_unusable=change.unvouched)

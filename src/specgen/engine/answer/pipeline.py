@@ -129,6 +129,9 @@ class AnswerPipeline:
         outcome = self.breaker.judge(outcome)
         if isinstance(outcome, Kept) and a.verdict is not None and a.verdict.check == "pending":
             self.rejudge.hold(outcome.record, response_json(a.resp))
+        elif isinstance(outcome, Kept) and a.verdict is not None and \
+                a.verdict.check in ("exact", "repaired"):
+            self.rejudge.remember(outcome.record)
         decisions = self.monitor.observe(observation(a, outcome, self.ctx))
         changes = tuple(self.rejudge.take())
         return Processed(a, outcome, (*decisions, *self.observe(changes)), changes)

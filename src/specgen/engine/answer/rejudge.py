@@ -1,7 +1,8 @@
 """Samples judged again: a sample stored `pending` — its completion side waiting for its
-provider's counting offset, or its prompt side for its request shape's rendering
-(`quality.witness`, `quality.shapes`) — gets its final verdict once what it waited for is
-known, or when the session ends (`settle`). Each becomes a `Change` of its stored row:
+provider's counting offset for its answer form (`quality.witness`, `quality.forms`) — gets its
+final verdict once that offset is adopted, or its form splits, or the session ends (`settle`);
+a sample judged at an offset its form later loses (the form split) becomes `unverified`.
+Each becomes a `Change` of its stored row:
 
 * still a sample (exact, repaired, unverified; or a mismatch kept under `[quality]
   on_count_mismatch = "flag" | "keep"`): a `VerdictRecord` updates its verdicts, and its
@@ -16,16 +17,20 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from ... import jsonexact
+from ...quality.shapes import PROMPT_MISMATCHES
 from ...quality.witness import CountWitness, Resolution
 from ...records import QuarantineRecord, ResultRecord, VerdictRecord
 from ...store import Store, pack_ids, pack_json, unpack_ids
 from .outcomes import Quarantined
+
+RECENT = 512  # this session's latest judged rows kept in memory (the writer commits sooner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class Change:
     verdict: VerdictRecord | None = None
     quarantine: QuarantineRecord | None = None
     this_session: bool = True  # stored by this session (else read back on resume)
+    unvouched: bool = False  # unverified because its form's counts split (quality.forms)
 
 
 class Rejudge:
@@ -52,6 +58,17 @@ class Rejudge:
         self.on_count_mismatch = on_count_mismatch
         self.store = store
         self.held: dict[int, tuple[ResultRecord, dict[str, Any]]] = {}
+        # this session's samples judged at once (exact, repaired): a form that splits later
+        # makes them unverified, maybe before the writer committed their rows
+        self.recent: OrderedDict[int, ResultRecord] = OrderedDict()
+        self.judged: set[int] = set()
+
+    def remember(self, record: ResultRecord) -> None:
+        """A sample stored with a final verdict this session (see `recent`)."""
+        self.judged.add(record.task)
+        self.recent[record.task] = record
+        while len(self.recent) > RECENT:
+            self.recent.popitem(last=False)
 
     def hold(self, record: ResultRecord, response: dict[str, Any]) -> None:
         """A sample stored pending this session (`response`: its raw answer, for the
@@ -75,8 +92,10 @@ class Rejudge:
 
     def _change(self, r: Resolution) -> Change | None:
         held = self.held.pop(r.key, None)
-        record = held[0] if held is not None else (
-            self.store.result_record(r.key) if self.store is not None else None)
+        # this session's own view first (its latest verdict may not be committed yet)
+        record = held[0] if held is not None else self.recent.get(r.key)
+        if record is None and self.store is not None:
+            record = self.store.result_record(r.key)
         if record is None:
             return None  # not stored (e.g. quarantined by a later stage): nothing to change
         response = held[1] if held is not None else _stored_response(record)
@@ -89,17 +108,22 @@ class Rejudge:
         after = "true_ids" if true_ids else r.count_check
         base = dict(task=record.task, dataset=record.dataset, provider=record.provider,
                     before=record.count_check or "pending", after=after,
-                    this_session=held is not None)
+                    this_session=held is not None or r.key in self.judged,
+                    unvouched=r.unvouched)
         if after == "mismatch" and self.on_count_mismatch == "quarantine":
             q = Quarantined("count_mismatch", _figures(record, r))
             return Change(**base, quarantine=QuarantineRecord(
                 task=record.task, dataset=record.dataset, provider=record.provider,
                 reason=q.reason, response=pack_json(response), created_at=time.time(),
                 detail=q.detail_json()))
-        return Change(**base, verdict=VerdictRecord(
+        verdict = VerdictRecord(
             task=record.task, count_check=after, prompt_check=r.prompt_check,
             completion_check=r.completion_check, message=message, input_ids=input_ids,
-            repairs=repairs))
+            repairs=repairs)
+        if after in ("exact", "repaired"):  # its form may still split: judged again then
+            self.remember(record._replace(**{k: v for k, v in verdict._asdict().items()
+                                             if v is not None}))
+        return Change(**base, verdict=verdict)
 
 
 def _completion_fix(record: ResultRecord, r: Resolution
@@ -119,9 +143,9 @@ def _completion_fix(record: ResultRecord, r: Resolution
 
 def _figures(record: ResultRecord, r: Resolution) -> dict[str, Any]:
     """A re-judged mismatch's figures, as `answer.quality.count_figures` gives them at once."""
-    if r.prompt_check == "mismatch":
-        message = (f"prompt: ours {record.n_prompt}, provider {record.prompt_tokens} (not "
-                   "this provider's rendering of this request shape, once that was known)")
+    if r.prompt_check in PROMPT_MISMATCHES:
+        message = (f"prompt: ours {record.n_prompt}, provider {record.prompt_tokens} "
+                   f"({r.prompt_check})")
     else:
         message = r.completion.detail if r.completion is not None else "completion mismatch"
     theirs_c = record.completion_tokens

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from array import array
 
+from ...conversation import REASONING_KEYS
 from ...display import UNKNOWN_PROVIDER
+from ...quality.forms import MAX_OFFSET, answer_form
 from ...quality.repairs import candidates as repair_candidates
 from ...quality.repairs import count_repair, dedup_repair, prompt_repair
-from ...quality.shapes import shape_signature
+from ...quality.shapes import FLOOR_SLACK_PER_MESSAGE, shape_signature
 from ...quality.witness import Verdict
 from ...render.serving import history_as_served, may_be_served_differently, reserialized_history
 from .attempt import Answer, AnswerContext, Note
@@ -106,10 +108,16 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
             return fit[0], fit[1]
     key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
     thinking = job.settings.thinking if job.settings is not None else None
-    verdict = ctx.witness.judge(key, prompt=len(job.prompt_ids), completion=len(a.completion),
-                                usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix,
-                                shape=shape_signature(job.tools, job.messages, thinking),
-                                tools=bool(job.tools), key=job.task_id)
+    messages = job.messages or []
+    system = any(m.get("role") == "system" for m in messages)
+    verdict = ctx.witness.judge(
+        key, prompt=len(job.prompt_ids), completion=len(a.completion),
+        usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix,
+        shape=shape_signature(job.tools, job.messages, thinking), tools=bool(job.tools),
+        key=job.task_id, form=answer_form(message),
+        history=any(m.get("role") in ("assistant", "tool") for m in messages),
+        system=system, prompt_floor=lambda: prompt_floor(job),
+        default_system=None if system else lambda: default_system_ids(job))
     if chosen and verdict.prompt_ids is not None:
         verdict.prompt_messages = chosen[-1]
     if verdict.check == "exact" and resp.duplicates and dedup_repair(
@@ -120,11 +128,47 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
         verdict.detail = ("a repeated stream event the counts cannot judge (they agree with "
                           "and without it)")
         return verdict
+    if verdict.unvouched and (split := ctx.witness.split_forms(key)) and verdict.form in split:
+        a.notes.append(Note("form_unverified",
+                            f"{key}'s counts of {verdict.form} answers split between offsets "
+                            "(none holds for 80% of them): its samples of that form are "
+                            "unverified"))
     if verdict.check == "unverified" and ctx.witness.unusable(key):
         a.notes.append(Note("counts_unusable",
                             f"{key}'s token counts never settle on a constant offset against "
                             "ours: they are no witness, its samples are unverified"))
     return verdict
+
+
+def _bare(messages: list, system: bool) -> list:
+    """The messages without reasoning, with an empty system prompt when they have none."""
+    out = [{k: v for k, v in m.items() if k not in REASONING_KEYS} for m in messages]
+    return out if system else [{"role": "system", "content": ""}, *out]
+
+
+def prompt_floor(job) -> int:
+    """The fewest prompt ids any serving stack could have fed for this request (quality.
+    shapes, `shortfall`): our rendering of its messages with no tools block, no reasoning in
+    the history and an empty system prompt, less `FLOOR_SLACK_PER_MESSAGE` per message (role
+    markers and wrappers another stack may render shorter)."""
+    messages = job.messages or []
+    system = any(m.get("role") == "system" for m in messages)
+    try:
+        n = len(job.renderer.prompt_ids(_bare(messages, system), None))
+    except Exception:  # noqa: BLE001 - a renderer that refuses the bare form: no floor
+        return 0
+    return n - FLOOR_SLACK_PER_MESSAGE * (len(messages) + 1) - MAX_OFFSET
+
+
+def default_system_ids(job) -> int:
+    """How many ids the template's default system prompt adds to a request without one."""
+    messages = job.messages or []
+    try:
+        bare = len(job.renderer.prompt_ids([{"role": "system", "content": ""}, *messages],
+                                           job.tools))
+    except Exception:  # noqa: BLE001
+        return 0
+    return max(0, len(job.prompt_ids) - bare)
 
 
 def served_candidates(job) -> list[tuple[str, list]]:
