@@ -87,6 +87,8 @@ class HostileBatchServer:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                if (self.headers.get("Connection") or "").lower() == "close":
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data)
 

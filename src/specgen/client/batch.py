@@ -66,7 +66,11 @@ class BatchHttp:
         return f"BatchHttp({self.base_url!r})"
 
     async def __aenter__(self) -> BatchHttp:
-        self._session = aiohttp.ClientSession(  # no default headers: see transport.py
+        # no default headers (see transport.py); a new connection per call: batch calls are
+        # seconds apart, and a kept-alive one closed meanwhile by the server or a proxy
+        # would fail a create call in a way that cannot tell whether the batch was made
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True),
             cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
                                           sock_read=self._timeout))
