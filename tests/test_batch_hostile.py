@@ -602,3 +602,46 @@ def test_sweep_of_a_batch_run_through_a_proxy_and_everything_made_from_it(tmp_pa
         sweep(tmp_path)
     finally:
         server.stop()
+
+
+# -- one code path, in process: live mode's aiohttp path and the batch client ---------------
+@pytest.mark.parametrize("client", ["live", "batch"])
+def test_one_path_sends_only_the_proxy_credentials_in_process(client, tls_files, monkeypatch):  # noqa: F811
+    """Live mode's aiohttp requests (non-stream, GET) and the batch client both go through
+    `transport.request_args`: the CONNECT head holds the proxy's credentials only; a refused
+    tunnel is the same masked `unreachable` error in both."""
+    import asyncio
+
+    import aiohttp.connector
+
+    from specgen.client import ApiError, ChatClient
+    from specgen.client.batch import BatchHttp
+
+    cert, key = tls_files
+    monkeypatch.setattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED",
+                        ssl.create_default_context(cafile=str(cert)))
+    server = HostileBatchServer("openai", tls=(cert, key), faulty=0)
+
+    async def call(proxy_url: str):
+        if client == "live":
+            async with ChatClient(server.url, api_key=KEY, stream_tick=0,
+                                  env={"HTTPS_PROXY": proxy_url}) as c:
+                return await c.get_json("batches")
+        async with BatchHttp(server.url, api_key=KEY, proxy=proxy_url) as api:
+            return [b async for b in api.list()]
+
+    try:
+        with ProxyServer(PROXY_USER, PROXY_PASSWORD) as proxy:
+            asyncio.run(call(proxy.url(PROXY_USER, PROXY_PASSWORD)))
+            connects = [h for h in proxy.heads if h.startswith("CONNECT ")]
+            assert connects and all("Proxy-Authorization: Basic" in h and KEY not in h
+                                    and "Bearer" not in h for h in connects)
+            with pytest.raises(ApiError) as err:
+                asyncio.run(call(proxy.url(PROXY_USER, "wrong-" + PROXY_PASSWORD)))
+        assert err.value.kind == "unreachable" and "refused CONNECT: HTTP 407" in str(err.value)
+        text = f"{err.value} {err.value!r} {err.value.body} {err.value.__context__!r}"
+        for secret in SECRETS:
+            assert secret not in text
+        assert server.heads and all(f"Bearer {KEY}" in h for h in server.heads)
+    finally:
+        server.stop()

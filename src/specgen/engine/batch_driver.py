@@ -14,16 +14,18 @@ Never submitted twice, never lost:
 2. the batch is created with `metadata.specgen_batch` = our id, and its provider id is
    committed as soon as it is known;
 3. on start the driver reads the batches of the run: a job whose task has a line in a batch
-   that was not lost waits for that batch instead of being sent again; a batch whose intent
-   was recorded without a provider id is looked up in the provider's batch list by its
-   metadata (it was created, or it never was: then it is marked `lost`);
+   that was not lost waits for that batch instead of being sent again; a batch recorded
+   `intent` was never sent (marked `lost`, its lines sent anew); one recorded `sending`
+   without a provider id may exist: it is looked up in the provider's batch list by its
+   metadata, and never sent again blindly;
 4. results are streamed line by line; each line's outcome is written to `batch_lines`, and
    a line whose answer was not stored yet (a kill while collecting) is collected again on the
    next run from the same result file.
 
 A line the batch could not answer (an error line, a batch that expired, failed or was
 cancelled) comes back to the engine as an `ApiError` and is retried like a live error: in a
-later batch, or live with `batch_fallback = "live"`.
+later batch, or live with `batch_fallback = "live"`. Every wait on the provider is bounded
+(docs/batch.md, "When the provider misbehaves").
 """
 
 from __future__ import annotations
@@ -65,7 +67,6 @@ RESULT_TRIES = 5  # failed reads of a finished batch's results before its lines 
 LIST_LOOKS = 5  # looks in the provider's list for a batch that may have been sent
 OUTAGE = frozenset({"unreachable", "timeout", "connection", "server", "overloaded",
                     "rate_limit"})  # the path or the API is down: bounded by outage_timeout
-RESEND = object()  # a resumed line whose batch never reached the provider: send it anew
 
 
 class BatchDriver:
@@ -220,7 +221,7 @@ class BatchDriver:
         self._set(bid, detail=message[:500])
         self.stop(message)
 
-    # -- the engine's side ---    # -- the engine's side ----------------------------------------------------------------
+    # -- the engine's side ----------------------------------------------------------------
     async def answer(self, job: Any) -> ChatResponse:
         """The answer to `job` from a batch (or live, for a line a batch could not answer
         with batch_fallback = "live"); raises ApiError as the chat client does."""
@@ -230,18 +231,15 @@ class BatchDriver:
         if key in self.to_live and self.live is not None:
             self.to_live.discard(key)
             return await self.live.chat(job.body)
-        while True:
-            fut = asyncio.get_running_loop().create_future()
-            self.waiting[key] = fut
-            try:
-                if key not in self.resume:
-                    self._add(key, job.body)
-                value = await fut
-            finally:
-                if self.waiting.get(key) is fut:
-                    del self.waiting[key]
-            if value is not RESEND:
-                return _result(value)
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[key] = fut
+        try:
+            if key not in self.resume:
+                self._add(key, job.body)
+            return _result(await fut)
+        finally:
+            if self.waiting.get(key) is fut:
+                del self.waiting[key]
 
     def goes_live(self, job: Any) -> bool:
         """Whether `job`'s next attempt is sent live (batch_fallback = "live"): it is then
