@@ -354,9 +354,13 @@ def test_a_refused_tunnel_is_an_outage_with_the_key_masked(tmp_path, api, refusa
 
 
 # -- lost paid answers ---------------------------------------------------------------------
+@pytest.mark.parametrize("fault", [{"error_first": True}, {"poll_404": 2}],
+                         ids=["error_line_first", "transient_404_polls"])
 @pytest.mark.parametrize("api", APIS)
-def test_a_paid_answer_beats_an_earlier_error_line(tmp_path, api):
-    server = HostileBatchServer(api, error_first=True)
+def test_no_paid_answer_is_lost(tmp_path, api, fault):
+    """An error line before each paid answer (the same custom_id twice): the answer wins.
+    404 on a batch's first polls: not lost, collected, nothing bought twice."""
+    server = HostileBatchServer(api, **fault)
     try:
         out = run(config(tmp_path, server, 12))
         assert out.returncode == 0, out.stdout + out.stderr
@@ -364,22 +368,8 @@ def test_a_paid_answer_beats_an_earlier_error_line(tmp_path, api):
         assert done(run_dir) == 12 and len(server.batches) == 1
         assert server.lines_submitted == 12  # nothing bought twice
         assert count(run_dir, "SELECT COUNT(*) FROM batch_lines WHERE outcome='ok'") == 12
-        check_store(run_dir)
-        sweep(tmp_path)
-    finally:
-        server.stop()
-
-
-@pytest.mark.parametrize("api", APIS)
-def test_a_transient_404_poll_is_not_a_lost_batch(tmp_path, api):
-    server = HostileBatchServer(api, poll_404=2)
-    try:
-        out = run(config(tmp_path, server, 10))
-        assert out.returncode == 0, out.stdout + out.stderr
-        run_dir = tmp_path / "run-dir"
-        assert done(run_dir) == 10
-        assert len(server.batches) == 1 and server.lines_submitted == 10
         assert count(run_dir, "SELECT COUNT(*) FROM batches WHERE state='lost'") == 0
+        check_store(run_dir)
         sweep(tmp_path)
     finally:
         server.stop()
