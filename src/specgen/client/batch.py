@@ -232,7 +232,7 @@ class BatchHttp:
             kwargs["data"] = data
         responded = False
         try:
-            async with session.request(method, url, allow_redirects=False, **kwargs) as resp:
+            async with session.request(method, url, **kwargs) as resp:
                 responded = True
                 raw = await resp.read()
                 if resp.status >= 300:
