@@ -680,3 +680,26 @@ def test_a_huge_junk_line_is_read_in_linear_time():
         httpd.server_close()
     print(f"8 MB line {small:.3f}s, 32 MB line {large:.3f}s: ratio {large / small:.1f}")
     assert large / small < 10, (small, large)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_lost_batch_that_shows_up_later_is_collected_not_bought_again(tmp_path, api):
+    """Polls answer 404 until the batch is taken as lost (LOST_POLLS in a row); its lines
+    fail (max_attempts = 1). The provider shows the batch again: the rerun (--retry-failed)
+    follows the lost batch once more and collects it; no line is submitted twice."""
+    server = HostileBatchServer(api, poll_404=10**6)
+    try:
+        path = config(tmp_path, server, 6)
+        path.write_text(path.read_text().replace("max_attempts = 3", "max_attempts = 1"))
+        out = run(path)
+        run_dir = tmp_path / "run-dir"
+        assert out.returncode == 4, out.stdout + out.stderr
+        assert count(run_dir, "SELECT COUNT(*) FROM batches WHERE state='lost'") == 1
+        assert "5 polls in a row answered 404" in (run_dir / "specgen.log").read_text()
+        server.faults.pop("poll_404")
+        again = run(path, "--retry-failed")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert done(run_dir) == 6 and server.lines_submitted == 6 and len(server.batches) == 1
+        sweep(tmp_path)
+    finally:
+        server.stop()
