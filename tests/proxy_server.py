@@ -41,9 +41,12 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 class ProxyServer:
     """`with ProxyServer(user=..., password=...) as proxy:` → `proxy.url`, `proxy.tunnels`
     (CONNECTs opened), `proxy.forwarded` (absolute-form requests carried), `proxy.heads`
-    (every request head received, as text), `proxy.refused` (407s)."""
+    (every request head received, as text), `proxy.refused` (407s, and CONNECTs answered
+    with `refuse`, e.g. 502: a proxy that will not open the tunnel)."""
 
-    def __init__(self, user: str | None = None, password: str | None = None):
+    def __init__(self, user: str | None = None, password: str | None = None,
+                 refuse: int | None = None):
+        self.refuse = refuse
         self.expected = None
         if user is not None:
             token = base64.b64encode(f"{user}:{password}".encode()).decode()
@@ -110,6 +113,13 @@ class ProxyServer:
             self.heads.append(text)
             self.targets.append(target)
         if not self._authorised(client, headers):
+            return
+        if method == "CONNECT" and self.refuse is not None:
+            with self._lock:
+                self.refused += 1
+            client.sendall(f"HTTP/1.1 {self.refuse} Refused\r\nContent-Length: 0\r\n"
+                           "Connection: close\r\n\r\n".encode())
+            client.close()
             return
         if method == "CONNECT":
             host, _, port = target.rpartition(":")

@@ -77,10 +77,6 @@ def check_batch(cfg: Any, endpoint_raw: dict[str, Any], where: str) -> None:
                               f"{value!r}")
     if not ep.batch_file_purpose.strip():
         raise ConfigError(f"{where}: endpoint.batch_file_purpose must not be empty")
-    factor = cfg.budget.batch_price_factor
-    if factor is not None and not 0 < factor <= 1:
-        raise ConfigError(f"{where}: budget.batch_price_factor must be > 0 and <= 1 (the batch "
-                          f"price as a share of the live price), got {factor}")
     if "stream" in endpoint_raw and ep.stream:
         raise ConfigError(f"{where}: endpoint.stream = true: batch lines are never streamed "
                           "(mode = \"batch\"); remove the key or set it to false")

@@ -10,8 +10,8 @@ from typing import Any
 from .store import Store
 
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")
-BATCH_STATES = ("intent", "validating", "in_progress", "finalizing", "cancelling", "completed",
-                "failed", "expired", "cancelled", "lost")
+BATCH_STATES = ("intent", "sending", "validating", "in_progress", "finalizing", "cancelling",
+                "completed", "failed", "expired", "cancelled", "lost", "unreadable")
 
 
 def batch_figures(store: Store, cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -70,10 +70,20 @@ def running_batches(store: Store) -> list[dict[str, Any]]:
     except sqlite3.OperationalError:  # an older store, opened read-only
         return []
     now = time.time()
-    return [{"id": bid, "provider_id": pid, "state": state, "lines": lines,
-             "completed": done or 0, "failed": failed or 0,
-             "eta_s": batch_eta(lines, (done or 0) + (failed or 0), since, polled, now)}
-            for bid, pid, state, lines, done, failed, since, polled in rows]
+    out = []
+    for bid, pid, state, lines, done, failed, since, polled in rows:
+        # a store written by an older version may hold a provider's junk: never a crash
+        lines, done, failed = _count(lines), _count(done), _count(failed)
+        since = since if isinstance(since, int | float) else None
+        polled = polled if isinstance(polled, int | float) else None
+        out.append({"id": bid, "provider_id": pid, "state": state, "lines": lines,
+                    "completed": done, "failed": failed,
+                    "eta_s": batch_eta(lines, done + failed, since, polled, now)})
+    return out
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def batch_summary_line(figures: dict[str, Any]) -> str:

@@ -882,6 +882,11 @@ def _validate_numbers(cfg: RunConfig, where: str) -> None:
         raise ConfigError(f"{where}: endpoint.outage_probe_max must be > 0 seconds, "
                           f"got {ep.outage_probe_max}")
     _check_proxy(ep.proxy, where)
+    factor = cfg.budget.batch_price_factor  # checked in every mode: preview and reports use it
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float)
+                               or not 0.1 <= factor <= 1):
+        raise ConfigError(f"{where}: budget.batch_price_factor must be between 0.1 and 1 (the "
+                          f"batch price as a share of the live price), got {factor!r}")
     if not ep.stream_tick_ms >= 0:
         raise ConfigError(f"{where}: endpoint.stream_tick_ms must be >= 0 (0 = off), "
                           f"got {ep.stream_tick_ms}")

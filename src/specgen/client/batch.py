@@ -3,9 +3,13 @@ file, then create the batch; OpenRouter: one POST with the lines inline), read i
 batches, cancel, and stream its results line by line (OpenAI-style: the output and error
 files, read in chunks; OpenRouter: the cursor-paginated results pages).
 
-Every failure is an `ApiError` classified as for chat (`errors.error_from_response`); a
-connection that cannot be made is `unreachable`. The API key travels only in the
-Authorization header and is masked in every message.
+Every failure is an `ApiError` classified as for chat (`errors.error_from_response`, and
+`transport.transport_error` for a proxy refusing the tunnel, a reset, a timeout: the code
+live mode uses); a connection that cannot be made is `unreachable`. The API key travels only
+in the Authorization header of each request (never a session default, which aiohttp would
+copy to a proxy's CONNECT), a proxy gets its own credentials only (`transport.request_args`),
+and the key is masked in every message. Batch and file ids from the provider are quoted in
+URLs (an id with "/" names one object, not a path).
 """
 
 from __future__ import annotations
@@ -21,9 +25,16 @@ from yarl import URL
 
 from ..proxy import ProxyChooser
 from .errors import Redactor, error_from_response, snippet
+from .transport import TRANSPORT_ERRORS, never_sent, request_args, transport_error
 from .types import ApiError
 
 READ_CHUNK = 1 << 20
+MAX_RESULT_PAGES = 100_000  # an OpenRouter results listing longer than this is not believed
+
+
+def _id(value: str) -> str:
+    """A provider's id as one URL path segment."""
+    return quote(value, safe="")
 
 
 class BatchHttp:
@@ -55,8 +66,12 @@ class BatchHttp:
         return f"BatchHttp({self.base_url!r})"
 
     async def __aenter__(self) -> BatchHttp:
+        # no default headers (see transport.py); a new connection per call: batch calls are
+        # seconds apart, and a kept-alive one closed meanwhile by the server or a proxy
+        # would fail a create call in a way that cannot tell whether the batch was made
         self._session = aiohttp.ClientSession(
-            headers=self._headers, cookie_jar=aiohttp.DummyCookieJar(),
+            connector=aiohttp.TCPConnector(force_close=True),
+            cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout,
                                           sock_read=self._timeout))
         return self
@@ -82,9 +97,9 @@ class BatchHttp:
         """A finished batch's result lines (`{custom_id, response, error}`), as bytes or as
         parsed items, never all held at once."""
         if self.api == "openrouter":
-            cursor = None
-            while True:
-                path = f"{self.batches}/{batch['id']}/results?limit=100" + (
+            cursor, seen = None, set()
+            for _ in range(MAX_RESULT_PAGES):
+                path = f"{self.batches}/{_id(batch['id'])}/results?limit=100" + (
                     f"&cursor={quote(cursor, safe='')}" if cursor else "")
                 page = await self._json("GET", path)
                 data = page.get("data") if isinstance(page, dict) else None
@@ -97,6 +112,12 @@ class BatchHttp:
                 cursor = page.get("next_cursor")
                 if not page.get("has_more") or not isinstance(cursor, str) or not data:
                     return
+                if cursor in seen:  # the same page again and again: never an end
+                    raise ApiError("invalid_response", "the batch's results cursor does not "
+                                   f"advance (cursor {snippet(cursor, 60)!r} came back)")
+                seen.add(cursor)
+            raise ApiError("invalid_response", f"the batch's results run past "
+                           f"{MAX_RESULT_PAGES:,} pages")
         for fid in (batch.get("output_file_id"), batch.get("error_file_id")):
             if fid:
                 async for line in self.lines(fid):
@@ -121,16 +142,16 @@ class BatchHttp:
         return _batch(obj)
 
     async def get(self, batch_id: str) -> dict[str, Any]:
-        return _batch(await self._json("GET", f"{self.batches}/{batch_id}"))
+        return _batch(await self._json("GET", f"{self.batches}/{_id(batch_id)}"))
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
-        return _batch(await self._json("POST", f"{self.batches}/{batch_id}/cancel", body={}))
+        return _batch(await self._json("POST", f"{self.batches}/{_id(batch_id)}/cancel", body={}))
 
     async def list(self, *, pages: int = 50) -> AsyncIterator[dict[str, Any]]:
         """The account's batches, newest first (at most `pages` pages of 100)."""
         after = None
         for _ in range(pages):
-            path = f"{self.batches}?limit=100" + (f"&after={after}" if after else "")
+            path = f"{self.batches}?limit=100" + (f"&after={quote(str(after), safe='')}" if after else "")
             obj = await self._json("GET", path)
             data = obj.get("data") if isinstance(obj, dict) else None
             if not isinstance(data, list):
@@ -146,37 +167,53 @@ class BatchHttp:
         """The lines of a file's content, read in chunks (a result file can be hundreds of
         MB: never held whole)."""
         session = self._require()
-        url = f"{self.base_url}/{self.files}/{file_id}/content"
+        url = f"{self.base_url}/{self.files}/{_id(file_id)}/content"
+        what = f"reading batch file {snippet(file_id, 80)}"
+        responded = False
         try:
-            async with session.get(url, **self._via(url)) as resp:
+            async with session.get(url, **self._args(url)) as resp:
+                responded = True
                 if resp.status != 200:
                     raise self._redact.error(error_from_response(
-                        resp.status, resp.headers, await resp.content.read(65536)))
-                rest = b""
+                        resp.status, resp.headers, await resp.content.read(65536),
+                        redact=self._redact))
+                # one buffer, appended to and cut from the front: a line of hundreds of MB
+                # is never copied once per chunk
+                buf = bytearray()
                 async for chunk in resp.content.iter_chunked(READ_CHUNK):
-                    parts = (rest + chunk).split(b"\n")
-                    rest = parts.pop()
-                    for line in parts:
+                    scan = len(buf)
+                    buf += chunk
+                    start = 0
+                    end = buf.find(b"\n", scan)
+                    while end >= 0:
+                        line = bytes(buf[start:end])
                         if line.strip():
                             yield line
-                if rest.strip():
-                    yield rest
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ApiError("connection", self._redact.text(
-                f"reading batch file {file_id}: {exc!r}")) from None
-
+                        start = end + 1
+                        end = buf.find(b"\n", start)
+                    if start:
+                        del buf[:start]
+                if bytes(buf).strip():
+                    yield bytes(buf)
+        except TRANSPORT_ERRORS as exc:
+            raise self._error(exc, responded, what) from None
     # -- plumbing -------------------------------------------------------------------------
-    def _via(self, url: str) -> dict[str, Any]:
-        """aiohttp's arguments for the proxy `url` goes through (none: direct)."""
+    def _args(self, url: str) -> dict[str, Any]:
+        """aiohttp's arguments for `url`: the API's headers, and the proxy it goes through
+        with the proxy's own credentials (`transport.request_args`, as live mode)."""
         u = URL(url)
+        return request_args(u, self._proxies.for_url(u.scheme, u.raw_host or "", u.port or 0),
+                            self._headers)
+
+    def _error(self, exc: BaseException, responded: bool, what: str) -> ApiError:
+        u = URL(self.base_url)
         proxy = self._proxies.for_url(u.scheme, u.raw_host or "", u.port or 0)
-        if proxy is None:
-            return {}
-        out: dict[str, Any] = {"proxy": proxy.url}
-        if proxy.authorization:  # to the proxy only
-            auth = {"Proxy-Authorization": proxy.authorization}
-            out["proxy_headers" if u.scheme == "https" else "headers"] = auth
-        return out
+        err = transport_error(exc, proxy=proxy, responded=responded,
+                              connect_timeout=self._connect_timeout, what=what)
+        if err.kind == "unreachable" and not never_sent(exc):
+            # a batch call that may have reached the API: the driver looks before resending
+            err.kind = "timeout" if isinstance(exc, TimeoutError) else "connection"
+        return self._redact.error(err)
 
     def _require(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -187,22 +224,22 @@ class BatchHttp:
                     payload: bytes | None = None) -> Any:
         session = self._require()
         url = f"{self.base_url}/{path}"
-        kwargs: dict[str, Any] = self._via(url)
+        kwargs: dict[str, Any] = self._args(url)
         if body is not None or payload is not None:
             kwargs["data"] = orjson.dumps(body) if payload is None else payload
-            kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
+            kwargs["headers"]["Content-Type"] = "application/json"
         elif data is not None:
             kwargs["data"] = data
+        responded = False
         try:
             async with session.request(method, url, **kwargs) as resp:
+                responded = True
                 raw = await resp.read()
                 if resp.status >= 300:
-                    raise self._redact.error(error_from_response(resp.status, resp.headers, raw))
-        except aiohttp.ClientConnectionError as exc:
-            kind = "unreachable" if isinstance(exc, aiohttp.ClientConnectorError) else "connection"
-            raise ApiError(kind, self._redact.text(f"{method} {path}: {exc!r}")) from None
-        except (TimeoutError, OSError) as exc:
-            raise ApiError("timeout", self._redact.text(f"{method} {path}: {exc!r}")) from None
+                    raise self._redact.error(error_from_response(
+                        resp.status, resp.headers, raw, redact=self._redact))
+        except TRANSPORT_ERRORS as exc:
+            raise self._error(exc, responded, f"{method} {snippet(path, 120)}") from None
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:

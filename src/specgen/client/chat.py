@@ -28,9 +28,10 @@ from .deadline import Deadline
 from .errors import Redactor, describe_error, error_from_response, snippet
 from .h1 import HttpProtocolError
 from .parse import StreamParser, parse_completion
-from .pool import ConnectTimeout, H1Pool
+from .pool import H1Pool
 from .ticker import ReadTicker
 from .tokens import finish_token_answer, parse_token_completion, token_url
+from .transport import TRANSPORT_ERRORS, request_args, transport_error
 from .types import ApiError, ChatResponse
 
 if TYPE_CHECKING:
@@ -239,8 +240,7 @@ class ChatClient:
                 keepalive_timeout=self._keepalive,
             )
             self._session = aiohttp.ClientSession(
-                connector=connector,
-                headers=self._headers,
+                connector=connector,  # no default headers: they would go to proxies too
                 timeout=aiohttp.ClientTimeout(
                     total=None, connect=None, sock_read=None,
                     sock_connect=self.connect_timeout or None,
@@ -346,41 +346,18 @@ class ChatClient:
                         usage=parser.usage if parser is not None else None,
                     ) from None
                 # else: the answer was complete when the timer fired; keep it
-            except (aiohttp.ConnectionTimeoutError, ConnectTimeout):
-                att.healthy = False
-                raise ApiError(
-                    "unreachable",
-                    f"connect timeout: no connection within {self.connect_timeout:g} s",
-                    timeout_phase="connect",
-                ) from None
-            except aiohttp.ClientHttpProxyError as exc:  # the proxy refused CONNECT
-                att.healthy = False
-                proxy = self.proxy_for(url)
-                where = proxy.display if proxy is not None else "the proxy"
-                raise ApiError(
-                    "unreachable", f"{where} refused CONNECT: HTTP {exc.status} "
-                    f"{snippet(exc.message or '', 120)}") from None
-            except (aiohttp.ClientResponseError, HttpProtocolError) as exc:
-                # the server spoke broken HTTP
-                text = exc.message if isinstance(exc, aiohttp.ClientResponseError) else str(exc)
-                raise ApiError(
-                    "invalid_response",
-                    f"malformed HTTP response: {snippet(text or type(exc).__name__)}",
-                ) from None
-            except (aiohttp.ClientError, OSError) as exc:
+            except TRANSPORT_ERRORS as exc:
                 parser = att.parser
-                if parser is not None and parser.failed:
+                if (parser is not None and parser.failed
+                        and not isinstance(exc, aiohttp.ClientResponseError | HttpProtocolError)):
                     raise parser.failure() from None
-                att.healthy = False
-                # No response at all says nothing about the request: the path to the API is
-                # down (DNS, refused, TLS, a reset before the status line).
-                responded = att.first_byte_at is not None
-                where = "while reading the response body" if responded else "before a response"
-                raise ApiError(
-                    "connection" if responded else "unreachable",
-                    f"{type(exc).__name__} {where}: {snippet(str(exc), 200)}",
-                    usage=parser.usage if parser is not None else None,
-                ) from None
+                err = transport_error(exc, proxy=self.proxy_for(url),
+                                      responded=att.first_byte_at is not None,
+                                      connect_timeout=self.connect_timeout)
+                if err.kind != "invalid_response":
+                    att.healthy = False
+                    err.usage = (parser.usage if parser is not None else None) or {}
+                raise err from None
         except ApiError as err:
             # Drop the aiohttp exception this replaced: its request info holds the headers.
             err.__context__ = None
@@ -421,13 +398,7 @@ class ChatClient:
                         token_api: str | None, deadline: Deadline) -> None:
         """One request through aiohttp (non-stream bodies, GETs, and streams when the batched
         reader is off)."""
-        proxy = self.proxy_for(url)
-        extra: dict[str, Any] = {}
-        if proxy is not None:
-            extra["proxy"] = proxy.url
-            if proxy.authorization:  # to the proxy only: CONNECT's head, or the forwarded
-                auth = {"Proxy-Authorization": proxy.authorization}  # request it consumes
-                extra["proxy_headers" if url.scheme == "https" else "headers"] = auth
+        extra = request_args(url, self.proxy_for(url), self._headers)
         async with session.request(method, url, data=payload, allow_redirects=False,
                                    **extra) as resp:
             att.first_byte_at = time.time()

@@ -1,5 +1,6 @@
 """A provider's `usage` object, checked once where it is read: a count or cost that is not a
-non-negative finite number (`"abc"`, `-20000`, `true`, NaN, a list) is dropped — treated as
+non-negative finite number below a sane bound (`"abc"`, `-20000`, `true`, NaN, a list,
+10^15 tokens, $1e9) is dropped — treated as
 missing, never charged — and named in the warnings the engine counts. A `usage` that is not an
 object at all is missing as a whole. Budgets and the dollar cap therefore never see a negative
 or non-numeric charge, and a paid answer is never lost to a malformed count."""
@@ -12,12 +13,19 @@ from typing import Any
 TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
 MONEY = ("cost", "upstream_inference_cost")
 DETAILS = ("completion_tokens_details", "prompt_tokens_details", "cost_details")
+# Beyond these one request's usage is not believed (no model reads or writes 100M tokens in
+# one request, none costs $10,000): a figure above is dropped like a negative one, never
+# charged, so a provider's 10^15 tokens or $1e9 cannot end a run as "spent".
+MAX_TOKENS = 100_000_000
+MAX_COST_USD = 10_000.0
 
 
 def _number(value: Any, integer: bool) -> Any:
     """The value when it is a non-negative finite number (a whole one for token counts;
     12.0 is 12), else None."""
     if value.__class__ is bool or not isinstance(value, int | float):
+        return None
+    if value > (MAX_TOKENS if integer else MAX_COST_USD):
         return None
     if isinstance(value, float):
         if not math.isfinite(value) or value < 0:

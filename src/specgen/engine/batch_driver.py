@@ -14,16 +14,18 @@ Never submitted twice, never lost:
 2. the batch is created with `metadata.specgen_batch` = our id, and its provider id is
    committed as soon as it is known;
 3. on start the driver reads the batches of the run: a job whose task has a line in a batch
-   that was not lost waits for that batch instead of being sent again; a batch whose intent
-   was recorded without a provider id is looked up in the provider's batch list by its
-   metadata (it was created, or it never was: then it is marked `lost`);
+   that was not lost waits for that batch instead of being sent again; a batch recorded
+   `intent` was never sent (marked `lost`, its lines sent anew); one recorded `sending`
+   without a provider id may exist: it is looked up in the provider's batch list by its
+   metadata, and never sent again blindly;
 4. results are streamed line by line; each line's outcome is written to `batch_lines`, and
    a line whose answer was not stored yet (a kill while collecting) is collected again on the
    next run from the same result file.
 
 A line the batch could not answer (an error line, a batch that expired, failed or was
 cancelled) comes back to the engine as an `ApiError` and is retried like a live error: in a
-later batch, or live with `batch_fallback = "live"`.
+later batch, or live with `batch_fallback = "live"`. Every wait on the provider is bounded
+(docs/batch.md, "When the provider misbehaves").
 """
 
 from __future__ import annotations
@@ -50,19 +52,32 @@ from ..client.types import ApiError, ChatResponse
 log = logging.getLogger("specgen.batch")
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+STATES = ("validating", "in_progress", "finalizing", "cancelling", *TERMINAL)  # a provider's
 INTENT_TRIES = 5  # tries to record a batch's intent before its lines are let go
 # results handed over between two turns of the event loop while a result file is read: the
 # file arrives faster than the answer path takes it, and each parsed answer waiting holds
 # its text and ids (a whole batch of them at once without this)
 HANDOVER = 64
-ACTIVE = ("intent", "validating", "in_progress", "finalizing", "cancelling")
+ACTIVE = ("intent", "sending", "validating", "in_progress", "finalizing", "cancelling")
 Key = tuple[str, str, int]  # (dataset, conv_id, turn): a task, stable across runs
+# When the provider misbehaves (docs/batch.md), every wait is bounded:
+LOST_POLLS = 5  # polls in a row answering 404 (batch_poll_interval apart) before "lost"
+POLL_TRIES = 8  # other failed polls in a row (400, 401, malformed) before giving up on it
+RESULT_TRIES = 5  # failed reads of a finished batch's results before its lines are let go
+LIST_LOOKS = 5  # looks in the provider's list for a batch that may have been sent
+OUTAGE = frozenset({"unreachable", "timeout", "connection", "server", "overloaded",
+                    "rate_limit"})  # the path or the API is down: bounded by outage_timeout
 
 
 class BatchDriver:
     def __init__(self, cfg: Any, store_path: Path, api: Any, *, session_id: int,
-                 run_tag: str, live: Any = None):
+                 run_tag: str, live: Any = None, stop: Any = None):
         self.cfg = cfg
+        # stop(why): end the session, its work left pending (an outage past outage_timeout,
+        # a batch that may be running but cannot be found): the next run picks it up
+        self.stop = stop or (lambda why: None)
+        self.outage_timeout = float(getattr(getattr(cfg, "engine", None), "outage_timeout",
+                                            1800.0))
         self.ep = cfg.endpoint
         self.fixed = fixed_sampling(cfg)  # body keys the batch API fixes: never sent
         self.api = api
@@ -98,8 +113,13 @@ class BatchDriver:
             if pid:
                 self.provider_id[bid] = pid
         intents = [bid for bid, state, pid in rows if pid is None]
-        if intents:
-            await self._reconcile(intents)
+        unsent = [bid for bid, state, pid in rows if pid is None and state == "intent"]
+        if unsent:  # recorded, never sent (a kill before the request): sent anew, no look
+            for bid in unsent:
+                self._set(bid, state="lost", detail="never sent (stopped before submission)")
+                self.states.pop(bid, None)
+            intents = [bid for bid in intents if bid not in unsent]
+        self._revive_lost()
         for bid, cid, ds, conv, turn in self.db.execute(
                 "SELECT bl.batch, bl.custom_id, bl.dataset, bl.conv_id, bl.turn "
                 "FROM batch_lines bl JOIN batches b ON b.id = bl.batch "
@@ -115,35 +135,91 @@ class BatchDriver:
                      len(self.resume), len({b for b, _ in self.resume.values()}))
             for bid in {b for b, _ in self.resume.values()}:
                 self.counts["resumed"] += 1
-                self._watch(bid)
-
-    async def _reconcile(self, intents: list[str]) -> None:
-        """Batches whose intent was recorded but not their provider id: find them in the
-        provider's list by their metadata, or mark them lost (never created)."""
-        found: dict[str, dict[str, Any]] = {}
-        wanted = set(intents)
-        try:
-            async for b in self.api.list():
-                meta = b.get("metadata") or {}
-                tag = meta.get("specgen_batch") if isinstance(meta, dict) else None
-                if tag in wanted:
-                    found[tag] = b
-                    if len(found) == len(wanted):
-                        break
-        except ApiError as err:
-            raise ApiError(err.kind, f"listing the provider's batches to find the ones this "
-                                     f"run submitted before it stopped: {err}") from None
-        for bid in intents:
-            b = found.get(bid)
-            if b is None:
-                log.info("batch %s was never created at the provider: its lines are sent "
-                         "again", bid)
-                self._set(bid, state="lost", detail="not in the provider's batch list")
+                if bid in intents:  # sent, its provider id never stored: look for it first
+                    self._spawn(self._confirm(bid), bid)
+                else:
+                    self._watch(bid)
+        for bid in intents:  # nothing left to collect of it
+            if bid not in {b for b, _ in self.resume.values()}:
+                self._set(bid, state="lost", detail="unconfirmed, every line done since")
                 self.states.pop(bid, None)
+
+    def _revive_lost(self) -> None:
+        """A batch declared lost (404 polls) with lines still to answer is followed again:
+        if the provider shows it after all, its answers are collected, not bought again."""
+        for bid, pid in self.db.execute(
+                "SELECT DISTINCT b.id, b.provider_id FROM batches b "
+                "JOIN batch_lines bl ON bl.batch = b.id "
+                "LEFT JOIN conversations c ON c.dataset = bl.dataset AND c.conv_id = bl.conv_id "
+                "LEFT JOIN tasks t ON t.conversation = c.id AND t.turn = bl.turn "
+                "WHERE b.state = 'lost' AND b.provider_id IS NOT NULL "
+                "AND bl.outcome = 'error:lost' AND (t.status IS NULL OR t.status = 'pending') "
+                "AND NOT EXISTS (SELECT 1 FROM batch_lines b2 JOIN batches bb ON "
+                "bb.id = b2.batch WHERE b2.dataset = bl.dataset AND b2.conv_id = bl.conv_id "
+                "AND b2.turn = bl.turn AND bb.state != 'lost' AND b2.rowid > bl.rowid)"
+                ).fetchall():
+            log.info("batch %s (%s) was lost: looking for it again", bid, _show(pid))
+            self.db.execute("UPDATE batch_lines SET outcome = NULL WHERE batch = ? AND "
+                            "outcome = 'error:lost'", (bid,))
+            self._set(bid, state="validating", detail="lost, looked for again")
+            self.states[bid] = "validating"
+            self.provider_id[bid] = pid
+
+    async def _find(self, wanted: set[str]) -> dict[str, dict[str, Any]]:
+        """Our batches (by `metadata.specgen_batch`) in the provider's list."""
+        found: dict[str, dict[str, Any]] = {}
+        async for b in self.api.list():
+            meta = b.get("metadata")
+            tag = meta.get("specgen_batch") if isinstance(meta, dict) else None
+            if tag in wanted and isinstance(b.get("id"), str):
+                found[tag] = b
+                if len(found) == len(wanted):
+                    break
+        return found
+
+    async def _confirm(self, bid: str) -> None:
+        """A batch that was sent but whose provider id was never stored (a kill, a lost
+        answer): find it in the provider's list, then follow it. While the API is down (or
+        its list fails) this is retried up to outage_timeout, then the session stops with
+        the lines pending; a batch the list does not show after LIST_LOOKS looks is never
+        sent again blindly: the session stops and says so (a rerun looks again)."""
+        looks, since = 0, time.monotonic()
+        while True:
+            try:
+                b = (await self._find({bid})).get(bid)
+            except ApiError as err:
+                b = None
+                if time.monotonic() - since >= self.outage_timeout:
+                    self._give_up(bid, f"the provider's batch list failed for "
+                                       f"{self.outage_timeout:g}s (last: {err})")
+                    return
+                log.warning("looking for batch %s in the provider's list: %s (retrying up "
+                            "to outage_timeout %gs)", bid, err, self.outage_timeout)
             else:
-                log.info("batch %s found at the provider as %s (%s)", bid, b["id"], b.get("status"))
-                self.provider_id[bid] = b["id"]
-                self._set(bid, provider_id=b["id"], state=b.get("status") or "validating")
+                looks += 1
+                if b is not None:
+                    log.info("batch %s found at the provider as %s (%s)", bid, _show(b["id"]),
+                             _show(b.get("status")))
+                    self.provider_id[bid] = b["id"]
+                    self._set(bid, provider_id=b["id"], state=_state(b) or "validating")
+                    self.states[bid] = _state(b) or "validating"
+                    self._watch(bid)
+                    return
+                if looks >= LIST_LOOKS:
+                    self._give_up(bid, f"not in the provider's batch list after {looks} looks "
+                                       "(it may be running and billed: never sent again "
+                                       "blindly)")
+                    return
+            await asyncio.sleep(self.ep.batch_poll_interval)
+
+    def _give_up(self, bid: str, why: str) -> None:
+        """Stop the session with the lines of `bid` pending (never resubmitted): what it
+        waited for and why it stopped are said; the next run looks again."""
+        message = (f"batch {bid}: {why}; its lines stay pending, not sent again; rerun to "
+                   "look for it again")
+        log.error("%s", message)
+        self._set(bid, detail=message[:500])
+        self.stop(message)
 
     # -- the engine's side ----------------------------------------------------------------
     async def answer(self, job: Any) -> ChatResponse:
@@ -164,6 +240,11 @@ class BatchDriver:
         finally:
             if self.waiting.get(key) is fut:
                 del self.waiting[key]
+
+    def goes_live(self, job: Any) -> bool:
+        """Whether `job`'s next attempt is sent live (batch_fallback = "live"): it is then
+        reserved and charged at the live price."""
+        return self.live is not None and (job.ds.name, job.conv.conv.id, job.turn) in self.to_live
 
     def _add(self, key: Key, body: dict[str, Any]) -> None:
         body = line_body(body, self.fixed)
@@ -245,27 +326,30 @@ class BatchDriver:
         self.lines_of[bid] = cids
         self.states[bid] = "intent"
         self.counts["lines"] += len(lines)
+        def sending(fid: str | None = None) -> None:  # from here on it may exist
+            self._set(bid, input_file_id=fid, state="sending")
+            self.states[bid] = "sending"
+
+        if api == "openrouter":
+            sending()
         try:
-            b = await self.api.submit(data, name=bid, metadata=meta,
-                                      on_file=lambda fid: self._set(bid, input_file_id=fid))
+            b = await self.api.submit(data, name=bid, metadata=meta, on_file=sending)
         except ApiError as err:
-            if err.kind in ("timeout", "connection"):  # it may have been created: look
-                try:
-                    await self._reconcile([bid])
-                except ApiError:
-                    pass
-                if bid in self.provider_id:
-                    self._watch(bid)
-                    return
+            if err.kind in ("timeout", "connection") and self.states.get(bid) == "sending":
+                # the request may have reached the provider: look for it before resending
+                log.warning("batch %s: %s; looking for it in the provider's list", bid, err)
+                await self._confirm(bid)
+                return
             self._set(bid, state="lost", detail=str(err)[:500])
             self.states.pop(bid, None)
             log.warning("batch %s could not be submitted: %s", bid, err)
             self._fail_lines(bid, cids, err)
             return
         self.provider_id[bid] = b["id"]
-        self._set(bid, provider_id=b["id"], state=b.get("status") or "validating")
+        self.states[bid] = _state(b) or "validating"
+        self._set(bid, provider_id=b["id"], state=self.states[bid])
         self.counts["submitted"] += 1
-        log.info("batch %s submitted as %s: %d line(s), %d bytes", bid, b["id"], len(lines),
+        log.info("batch %s submitted as %s: %d line(s), %d bytes", bid, _show(b["id"]), len(lines),
                  len(data))
         self._watch(bid)
 
@@ -294,57 +378,118 @@ class BatchDriver:
             self.watchers[bid] = self._spawn(self._follow(bid), bid)
 
     async def _follow(self, bid: str) -> None:
+        """Poll the batch till it ends, then collect it. A failed poll is an error of that
+        poll, never of the watcher: 404s make it lost only after LOST_POLLS in a row, an
+        outage is waited out up to outage_timeout (then the session stops, the lines
+        pending), other failures (400, 401, a malformed answer) end it after POLL_TRIES."""
         pid = self.provider_id.get(bid)
         if pid is None:
             return
         delay = min(self.ep.batch_poll_interval, 1.0)
         last: tuple = ()
+        gone = fails = 0
+        down: float | None = None
+        warned = False
         while True:
             try:
                 b = await self.api.get(pid)
+                status, counts, since, bad = _poll(b)
             except ApiError as err:
                 if err.status == 404:
-                    log.warning("batch %s (%s) is gone at the provider: its lines are sent "
-                                "again", bid, pid)
-                    self._set(bid, state="lost", detail=str(err)[:500])
-                    self._end_lines(bid, "lost", ApiError("server", f"batch {pid} is gone"))
-                    return
-                log.warning("polling batch %s: %s", pid, err)
+                    gone += 1
+                    if gone >= LOST_POLLS:
+                        self._lost(bid, pid, f"{gone} polls in a row answered 404 ({err})")
+                        return
+                    log.warning("polling batch %s: not found (%d of %d before it is taken as "
+                                "lost): %s", _show(pid), gone, LOST_POLLS, err)
+                elif err.kind in OUTAGE:
+                    down = time.monotonic() if down is None else down
+                    if time.monotonic() - down >= self.outage_timeout:
+                        self._give_up(bid, f"polling it failed for {self.outage_timeout:g}s "
+                                           f"(outage_timeout; last: {err})")
+                        return
+                    log.warning("polling batch %s: %s (retrying up to outage_timeout %gs)",
+                                _show(pid), err, self.outage_timeout)
+                else:
+                    gone, fails = 0, fails + 1
+                    if fails >= POLL_TRIES:
+                        self._unreadable(bid, err, f"{fails} polls in a row failed")
+                        return
+                    log.warning("polling batch %s (%d of %d tries): %s", _show(pid), fails,
+                                POLL_TRIES, err)
                 await asyncio.sleep(self.ep.batch_poll_interval)
                 continue
-            status = b.get("status") or "?"
-            counts = b.get("request_counts") or {}
-            since = b.get("in_progress_at") or b.get("created_at")
-            since = float(since) if isinstance(since, int | float) else None  # unix seconds
-            seen = (status, counts.get("completed"), counts.get("failed"))
+            gone = fails = 0
+            down = None
+            if bad and not warned:
+                warned = True
+                log.warning("polling batch %s: malformed field(s) ignored: %s", _show(pid),
+                            "; ".join(bad))
+            done, failed, total = counts
+            seen = (status, done, failed)
             if seen != last:  # the store holds the provider's progress (status --json, ETA)
                 last = seen
                 self.states[bid] = status
-                self._set(bid, state=status, completed=counts.get("completed"),
-                          failed=counts.get("failed"), output_file_id=b.get("output_file_id"),
-                          error_file_id=b.get("error_file_id"), in_progress_at=since)
-            self.progress[bid] = (time.time(), since, counts.get("total") or 0,
-                                  (counts.get("completed") or 0) + (counts.get("failed") or 0))
+                self._set(bid, state=status, completed=done, failed=failed,
+                          output_file_id=_text(b.get("output_file_id")),
+                          error_file_id=_text(b.get("error_file_id")), in_progress_at=since)
+            self.progress[bid] = (time.time(), since, total or 0, (done or 0) + (failed or 0))
             if status in TERMINAL:
                 self.progress.pop(bid, None)
                 break
             await asyncio.sleep(delay)
             delay = min(self.ep.batch_poll_interval, delay * 2)
-        await self._collect(bid, b)
+        await self._collect(bid, {**b, "status": status})
+
+    def _lost(self, bid: str, pid: str, why: str) -> None:
+        log.warning("batch %s (%s) is gone at the provider: %s; its lines are sent again "
+                    "(a rerun collects it if it shows up after all)", bid, _show(pid), why)
+        self._set(bid, state="lost", detail=why[:500])
+        self.states.pop(bid, None)
+        self.progress.pop(bid, None)
+        self._mark([("error:lost", bid, cid) for cid in self.lines_of.get(bid, {})])
+        self._end_lines(bid, "lost", ApiError("server", f"batch {_show(pid)} is gone"))
+
+    def _unreadable(self, bid: str, err: ApiError, why: str) -> None:
+        """A batch whose state or results cannot be read: its unanswered lines are let go
+        with the error (retried like a failed line), and no later run waits on it."""
+        message = f"batch {bid}: {why}; giving up on it (last: {err})"
+        log.error("%s", message)
+        self._set(bid, state="unreadable", detail=message[:500])
+        self.states.pop(bid, None)
+        self.progress.pop(bid, None)
+        unread = list(self.lines_of.get(bid, {}))
+        # the batch failed its lines, not the lines themselves (a 404 here is a file, not
+        # "no endpoint"): retried like a failed line; a refused key stays what it is
+        kind = err.kind if err.kind in ("auth", "credits", "spend_limit") else "server"
+        self._mark([(f"error:{kind}", bid, cid) for cid in unread])
+        for cid in unread:
+            self._resolve(bid, cid, ApiError(kind, message))
+        self.lines_of.pop(bid, None)
 
     async def _collect(self, bid: str, b: dict[str, Any]) -> None:
+        """Read a finished batch's results. A line's paid answer always beats an error line
+        for the same custom_id (errors are handed over only once every line was read); a
+        read that fails is tried again, RESULT_TRIES times (an outage: up to
+        outage_timeout), then the unread lines are let go."""
         status = b["status"]
-        seen: set[str] = set()
+        seen: set[str] = set()  # answered
+        errors: dict[str, ApiError] = {}
         marks: list[tuple[str, str, str]] = []
+        tries = 0
+        down: float | None = None
         while True:
             try:
                 async for raw in self.api.results(b):
                     cid, result = parse_line(raw)
                     if cid is None or cid in seen:
                         continue
+                    if not isinstance(result, ChatResponse):
+                        errors.setdefault(cid, result)
+                        continue
                     seen.add(cid)
-                    marks.append(("ok" if isinstance(result, ChatResponse)
-                                  else f"error:{result.kind}", bid, cid))
+                    errors.pop(cid, None)
+                    marks.append(("ok", bid, cid))
                     self._resolve(bid, cid, result)
                     if len(seen) % HANDOVER == 0:  # let the jobs take their answers
                         await asyncio.sleep(0)
@@ -353,25 +498,47 @@ class BatchDriver:
                         marks = []
                 break
             except ApiError as err:  # read again; lines already handed over are skipped
-                log.warning("reading results of batch %s: %s", bid, err)
+                self._mark(marks)
+                marks = []
+                if err.kind in OUTAGE:
+                    down = time.monotonic() if down is None else down
+                    if time.monotonic() - down >= self.outage_timeout:
+                        self._give_up(bid, f"reading its results failed for "
+                                           f"{self.outage_timeout:g}s (outage_timeout; last: "
+                                           f"{err})")
+                        return
+                else:
+                    tries += 1
+                    if tries >= RESULT_TRIES:
+                        for cid in seen:
+                            self.lines_of.get(bid, {}).pop(cid, None)
+                        self._unreadable(bid, err, f"its results could not be read "
+                                                   f"({tries} tries)")
+                        return
+                log.warning("reading results of batch %s (try %d of %d): %s", bid, tries,
+                            RESULT_TRIES, err)
                 await asyncio.sleep(self.ep.batch_poll_interval)
+        marks.extend((f"error:{err.kind}", bid, cid) for cid, err in errors.items())
         self._mark(marks)
+        for cid, err in errors.items():
+            self._resolve(bid, cid, err)
         why = {"completed": "the batch answered no line for it",
                "expired": "the batch expired before the line was answered",
                "cancelled": "the batch was cancelled",
                "failed": f"the batch failed: {_errors(b)}"}[status]
-        missing = {cid: key for cid, key in self.lines_of.get(bid, {}).items() if cid not in seen}
+        missing = {cid: key for cid, key in self.lines_of.get(bid, {}).items()
+                   if cid not in seen and cid not in errors}
         if missing:
             self._mark([(f"error:batch_{status}", bid, cid) for cid in missing])
             kind = "timeout" if status == "expired" else "server"
             for cid in missing:
-                self._resolve(bid, cid, ApiError(kind, f"batch {b['id']}: {why}"))
+                self._resolve(bid, cid, ApiError(kind, f"batch {_show(b['id'])}: {why}"))
         self._set(bid, detail=f"collected at {time.time():.0f}")
         # every line is handed over: forget the batch's lines, so that what the driver holds
         # is the batches in flight, not every line of the session (flat memory at 100k lines)
         self.lines_of.pop(bid, None)
-        log.info("batch %s (%s) %s: %d line(s) collected, %d not answered", bid, b["id"],
-                 status, len(seen), len(missing))
+        log.info("batch %s (%s) %s: %d line(s) collected, %d failed, %d not answered", bid,
+                 _show(b["id"]), status, len(seen), len(errors), len(missing))
 
     def _resolve(self, bid: str, cid: str, result: Any) -> None:
         key = self.lines_of.get(bid, {}).get(cid)
@@ -501,6 +668,54 @@ def parse_line(raw: bytes | dict[str, Any]) -> tuple[str | None, Any]:
     return cid, ApiError(kind, f"batch line failed: {code or 'error'}: {message}")
 
 
+def _show(value: Any) -> str:
+    """A provider's id or word for a message: printable, short (a hostile id cannot move
+    the terminal's cursor or fill the log)."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _state(b: dict[str, Any]) -> str | None:
+    status = b.get("status")
+    return status if isinstance(status, str) and status in STATES else None
+
+
+def _count(value: Any) -> int | None:
+    ok = value.__class__ is not bool and isinstance(value, int) and 0 <= value < 2**53
+    return value if ok else None
+
+
+def _poll(b: dict[str, Any]) -> tuple[str, tuple[Any, Any, Any], float | None, list[str]]:
+    """(status, (completed, failed, total), in progress since, what was malformed) of a
+    polled batch object. A status that is not a string is an `invalid_response` of that
+    poll; progress figures of the wrong type are dropped (unknown), named in the list."""
+    status = b.get("status")
+    if not isinstance(status, str):
+        raise ApiError("invalid_response", f"batch poll: status is {_show(status)[:40]}")
+    if status not in STATES:
+        status = "in_progress"  # a provider's own word for "not done yet"
+    bad: list[str] = []
+    counts = b.get("request_counts")
+    if counts is not None and not isinstance(counts, dict):
+        bad.append(f"request_counts = {_show(counts)[:40]}")
+        counts = None
+    figures = []
+    for key in ("completed", "failed", "total"):
+        value = (counts or {}).get(key)
+        figures.append(_count(value))
+        if value is not None and figures[-1] is None:
+            bad.append(f"request_counts.{key} = {_show(value)[:40]}")
+    since = b.get("in_progress_at") or b.get("created_at")
+    ok = isinstance(since, int | float) and since.__class__ is not bool and 0 < since < 1e11
+    if since is not None and not ok:
+        bad.append(f"in_progress_at = {_show(since)[:40]}")
+    return status, (figures[0], figures[1], figures[2]), float(since) if ok else None, bad
+
+
 def _result(value: Any) -> ChatResponse:
     if isinstance(value, ApiError):
         raise value
@@ -536,7 +751,8 @@ async def attached(engine: Any, cfg: Any, *, base_url: str, store: Any, session_
                          purpose=ep.batch_file_purpose, proxy=ep.proxy, api=ep.batch_api,
                          completion_window=ep.completion_window) as api:
         driver = BatchDriver(cfg, store.path, api, session_id=session_id, run_tag=tag,
-                             live=live)
+                             live=live, stop=lambda why: engine.stop.request(
+                                 why, kind="unreachable"))
         await driver.start()
         engine.batch = driver
         watch = asyncio.get_running_loop().create_task(_on_stop(engine))

@@ -112,9 +112,13 @@ class DatasetSpend:
 class Budget:
     """Spend so far + reservations in flight, checked against the caps."""
 
-    def __init__(self, max_cost_usd: float | None, prices: Prices):
+    def __init__(self, max_cost_usd: float | None, prices: Prices, *,
+                 live_factor: float = 1.0):
         self.max_cost_usd = max_cost_usd
         self.prices = prices
+        # mode = "batch": the live price over `prices` (the batch price), for the attempts
+        # sent live (batch_fallback = "live"): reserved and charged at what they cost
+        self.live_factor = live_factor
         self.cost_usd = 0.0  # everything spent by the run (all datasets, all sessions)
         self.reserved_cost = 0.0
         self.datasets: dict[str, DatasetSpend] = {}
@@ -126,10 +130,12 @@ class Budget:
         self.cost_usd += cost_usd
         return spend
 
-    def worst_cost(self, prompt_tokens: int, max_tokens: int) -> float:
-        return self.prices.cost(prompt_tokens, max_tokens) or 0.0
+    def worst_cost(self, prompt_tokens: int, max_tokens: int, live: bool = False) -> float:
+        cost = self.prices.cost(prompt_tokens, max_tokens) or 0.0
+        return cost * self.live_factor if live else cost
 
-    def check(self, dataset: str, prompt_tokens: int, max_tokens: int) -> Verdict:
+    def check(self, dataset: str, prompt_tokens: int, max_tokens: int,
+              live: bool = False) -> Verdict:
         """May a request of this dataset with this worst case be dispatched now?"""
         spend = self.datasets[dataset]
         if spend.token_budget is not None:
@@ -140,15 +146,16 @@ class Budget:
         if self.max_cost_usd is not None:
             if not self.prices.known:
                 return "cost_exhausted" if self.cost_usd >= self.max_cost_usd else "ok"
-            worst = self.worst_cost(prompt_tokens, max_tokens)
+            worst = self.worst_cost(prompt_tokens, max_tokens, live)
             if self.cost_usd + worst > self.max_cost_usd:
                 return "cost_exhausted"
             if self.cost_usd + self.reserved_cost + worst > self.max_cost_usd:
                 return "wait"
         return "ok"
 
-    def reserve(self, dataset: str, prompt_tokens: int, max_tokens: int) -> Reservation:
-        cost = self.worst_cost(prompt_tokens, max_tokens)
+    def reserve(self, dataset: str, prompt_tokens: int, max_tokens: int,
+                live: bool = False) -> Reservation:
+        cost = self.worst_cost(prompt_tokens, max_tokens, live)
         self.datasets[dataset].reserved_tokens += max_tokens
         self.reserved_cost += cost
         return Reservation(dataset, max_tokens, cost)
@@ -169,14 +176,15 @@ class Budget:
             self.cost_usd += cost_usd
 
     def attempt_cost(self, prompt_tokens: int, completion_tokens: int,
-                     reported: float | None) -> float | None:
+                     reported: float | None, live: bool = False) -> float | None:
         """The cost of an attempt: as the API reported it, else from known prices."""
         if reported is not None:
             return reported
-        return self.prices.cost(prompt_tokens, completion_tokens)
+        cost = self.prices.cost(prompt_tokens, completion_tokens)
+        return cost * self.live_factor if live and cost is not None else cost
 
     def charge_usage(self, dataset: str, usage: dict[str, Any], *, bad: bool = False,
-                     worst_case: int = 0) -> Charge:
+                     worst_case: int = 0, live: bool = False) -> Charge:
         """Charge one attempt's `usage` (tokens, and its cost or the known prices') to its
         dataset and the run. A bad count or cost is never charged as sent (`clean_usage`):
         when the provider's usage was malformed (`bad`) and its completion count is gone,
@@ -190,6 +198,6 @@ class Budget:
         ct = int(ct or 0)
         reported = usage.get("cost")
         reported = float(reported) if isinstance(reported, int | float) else None
-        cost = self.attempt_cost(pt, ct, reported)
+        cost = self.attempt_cost(pt, ct, reported, live)
         self.charge(dataset, pt, ct, cost)
         return Charge(pt, ct, cost)

@@ -19,7 +19,7 @@ log = logging.getLogger("specgen.engine")
 
 def on_error(engine, job: Job, err: ApiError) -> None:
     """A failed attempt: the retry policy decides, and its decision is carried out."""
-    charge = engine.budget.charge_usage(job.ds.name, err.usage)
+    charge = engine.budget.charge_usage(job.ds.name, err.usage, live=job.live)
     kind = err.kind
     d = engine.retry_policy.decide(
         err,

@@ -60,6 +60,23 @@ LOG_FILE = "specgen.log"
 RUN_GC_THRESHOLD = (50_000, 20, 100)
 
 
+def running_batch_lines(store: Store) -> tuple[str, str] | None:
+    """("N line(s) in M batch(es)", their ids) still running at the provider, or None."""
+    try:
+        rows = store.conn.execute(
+            "SELECT b.id, b.provider_id, COUNT(bl.custom_id) FROM batches b JOIN batch_lines "
+            "bl ON bl.batch = b.id WHERE b.state IN ('sending', 'validating', "
+            "'in_progress', 'finalizing') AND bl.outcome IS NULL GROUP BY b.id").fetchall()
+    except sqlite3.Error:
+        return None
+    if not rows:
+        return None
+    ids = ", ".join("".join(c if c.isprintable() else "?" for c in str(pid or bid))[:80]
+                    for bid, pid, _ in rows[:5])
+    more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+    return f"{sum(n for *_, n in rows):,} line(s) in {len(rows)} batch(es)", ids + more
+
+
 class RunError(RuntimeError):
     """The run cannot start; the message says why and what to do."""
 
@@ -174,9 +191,16 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
                          "resumes that way (silent temperature 1.0, no top_p); set [sampling] "
                          "model_defaults to decide")
             found = problems(old, cfg, tokenizer_fingerprint=fingerprint, shard=shard_s)
+            running = running_batch_lines(old) if opts.force_new else None
         if found and not opts.force_new:
             raise RunError(refusal_message(run_dir, found)) from IncompatibleRunError()
         if opts.force_new:
+            if running:
+                log.warning("--force-new: %s of the previous store are still running at the "
+                            "provider (%s): the new store does not know them, so their "
+                            "tasks are submitted again and billed again; cancel them at the "
+                            "provider (or rerun without --force-new to collect them)",
+                            running[0], running[1])
             moved = move_aside(run_dir)
             if moved:
                 log.warning("--force-new: a fresh store; the previous one and what was made "
@@ -262,10 +286,13 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
         log.info("network: %s", client.describe_proxies())
         async with client:
             policy, prices = await _policy_and_prices(cfg, client)
+            live_factor = 1.0
             if cfg.endpoint.mode == "batch":
+                from ..batch_config import price_factor
                 from ..batch_shape import batch_prices
 
                 prices = batch_prices(prices, cfg.budget)
+                live_factor = 1.0 / price_factor(cfg.budget)
             _resolve_local_defaults(cfg, policy)
             if cfg.target.chat_template_kwargs and _dialect_url(cfg, policy) == OPENROUTER_URL:
                 raise RunError("target.chat_template_kwargs is sent only to vLLM/SGLang-style "
@@ -280,7 +307,7 @@ async def _main(cfg, opts, store, reader, renderer, tokenizer, stages, shard, li
             engine = Engine(cfg, store=store, reader=reader, client=client, renderer=renderer,
                             renderer_for=mode_renderers(renderer, cfg.target.chat_template_kwargs),
                             stages=stages, policy=policy, budget=Budget(
-                                cfg.budget.max_cost_usd, prices),
+                                cfg.budget.max_cost_usd, prices, live_factor=live_factor),
                             session_id=session_id, shard=shard,
                             drain_timeout=opts.drain_timeout,
                             dialect_url=_dialect_url(cfg, policy),

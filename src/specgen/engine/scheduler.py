@@ -195,7 +195,8 @@ class Engine:
             if not ds.ready:
                 continue
             job = ds.ready[0]
-            verdict = self.budget.check(ds.name, len(job.prompt_ids), job.max_tokens)
+            verdict = self.budget.check(ds.name, len(job.prompt_ids), job.max_tokens,
+                                        live=self.batch is not None and self.batch.goes_live(job))
             if verdict == "ok":
                 ds.blocked = None
                 weight = self._weight(job)
@@ -237,7 +238,9 @@ class Engine:
         if self.policy.excluded and self.routes_providers:
             job.body = {**job.body, "provider": self.policy.provider_object(
                 self.cfg.endpoint.provider)}
-        job.reservation = self.budget.reserve(ds.name, len(job.prompt_ids), job.max_tokens)
+        job.live = self.batch is not None and self.batch.goes_live(job)
+        job.reservation = self.budget.reserve(ds.name, len(job.prompt_ids), job.max_tokens,
+                                              live=job.live)
         job.epoch = self.limit.epoch
         job.attempts += 1
         job.probe = probe
@@ -359,7 +362,7 @@ class Engine:
     # -- answers: the pipeline decides, the engine carries it out --------------------------------
     def _charged(self, job: Job, resp: ChatResponse) -> tuple[Charge, ProviderStats]:
         charge = self.budget.charge_usage(job.ds.name, resp.usage, bad=bool(resp.usage_warnings),
-                                          worst_case=job.max_tokens)
+                                          worst_case=job.max_tokens, live=job.live)
         pstats = self.stats.billed(resp.provider, charge.prompt_tokens,
                                    charge.completion_tokens, charge.cost_usd)
         self.limits.on_answer(job, resp.provider)

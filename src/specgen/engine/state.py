@@ -120,6 +120,7 @@ class Job:
     weight: float = 0.0  # estimated cost while in flight (in-flight budget)
     weight_before: float = 0.0  # in-flight weight when it was sent
     probe: bool = False  # sent to probe an endpoint that is down
+    live: bool = False  # batch mode: this attempt goes live (batch_fallback), at live prices
     sent_at: float | None = None  # when the attempt in flight was sent (EndpointHealth clock)
     tool_matches: tuple[str, ...] = ()  # how the reused tool results in `messages` matched
     settings: SampleSettings | None = None  # the sampling it is sent with (recorded on it)
