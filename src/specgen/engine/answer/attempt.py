@@ -12,6 +12,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...client.errors import Redactor
 from ...client.types import ChatResponse
 from ...config import RunConfig
 from ...conversation import AssistantMessage
@@ -71,3 +72,4 @@ class AnswerContext:
     model_check: ModelCheck
     witness: CountWitness
     tokens_mode: bool
+    secrets: Redactor | None = None  # the API key and proxy credentials (the secret stage)
