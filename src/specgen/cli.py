@@ -71,10 +71,11 @@ def problem_message(exc: BaseException) -> str | None:
     that cannot be written — a message instead of a traceback; None for anything else."""
     import sqlite3
 
+    from .proxy import ProxyError
     from .store import StoreError
 
-    if isinstance(exc, StoreError):
-        return str(exc)
+    if isinstance(exc, StoreError | ProxyError):
+        return str(exc)  # ProxyError: a malformed HTTPS_PROXY (its credentials never shown)
     if isinstance(exc, sqlite3.Error):
         return (f"the run store cannot be used (sqlite: {exc}); check that the run dir's "
                 "state.sqlite is a specgen store file")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .numbers import MAX_IDS, whole
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
@@ -37,10 +38,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--include-excluded-providers", action="store_true",
                    help="also export samples of providers the run excluded (quality policing "
                         "or `specgen provider --exclude`); left out by default")
-    p.add_argument("--draft-vocab-size", type=int, metavar="N",
+    p.add_argument("--draft-vocab-size", type=whole(MAX_IDS), metavar="N",
                    help="vocab: the draft vocabulary's size (default 32000, or the target's "
                         "when smaller)")
-    p.add_argument("--target-vocab-size", type=int, metavar="N",
+    p.add_argument("--target-vocab-size", type=whole(MAX_IDS), metavar="N",
                    help="vocab: the target's vocabulary size (default: the run's tokenizer's)")
     add_filter_options(p)
     p.set_defaults(func=run)
@@ -49,9 +50,9 @@ def add_parser(subparsers) -> None:
 def add_filter_options(p) -> None:
     """The sample filters (docs/stats.md, "Filtering"); what they leave out is in the manifest."""
     g = p.add_argument_group("sample filters (counted in the manifest: excluded.filtered)")
-    g.add_argument("--min-trainable-tokens", type=int, metavar="N",
+    g.add_argument("--min-trainable-tokens", type=whole(), metavar="N",
                    help="leave out samples with fewer than N trainable (loss-mask 1) tokens")
-    g.add_argument("--max-repetition", type=int, metavar="N",
+    g.add_argument("--max-repetition", type=whole(), metavar="N",
                    help="leave out samples whose repetition loop repeats more than N tokens "
                         "(see specgen stats)")
     g.add_argument("--dedup", action="store_true",

@@ -7,6 +7,8 @@ import argparse
 import sys
 import time
 
+from .numbers import finite
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -20,7 +22,7 @@ def add_parser(subparsers) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--exclude", metavar="NAME", help="provider name or slug to leave out")
     group.add_argument("--allow", metavar="NAME", help="excluded provider to put back")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--timeout", type=finite, default=10.0, metavar="S",
                    help="how long to wait for a running run to take the request (default 10)")
     p.set_defaults(func=handle)
 

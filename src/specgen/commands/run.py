@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .numbers import finite
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -21,7 +23,7 @@ def add_parser(subparsers) -> None:
                    help="start a fresh store even if the config changed results (the old "
                         "store, its exports and report are moved to RUN_DIR/previous/, "
                         "never deleted)")
-    p.add_argument("--drain-timeout", type=float, metavar="S",
+    p.add_argument("--drain-timeout", type=finite, metavar="S",
                    help="on a first stop, wait at most S seconds for in-flight requests "
                         "(default: [engine] drain_timeout, 60)")
     p.add_argument("--retry-failed", action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .numbers import finite
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
@@ -21,7 +22,7 @@ def add_parser(subparsers) -> None:
                    help="the run's tokenizer files, if not at the path in its config")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME",
                    help="check only this dataset (repeatable)")
-    p.add_argument("--max-true-mismatch", type=float, default=DEFAULT_MAX_TRUE_MISMATCH,
+    p.add_argument("--max-true-mismatch", type=finite, default=DEFAULT_MAX_TRUE_MISMATCH,
                    metavar="RATE",
                    help="highest share of samples (0..1, prompt and completion each) whose true "
                         "ids may differ from ours before verify fails (default "

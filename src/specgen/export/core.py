@@ -149,9 +149,10 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
         raise ExportError(f"unknown export format {opts.format!r}; choose one of {', '.join(FORMATS)}")
     for name in ("min_trainable_tokens", "max_repetition"):
         value = getattr(opts, name)
-        if value is not None and (not isinstance(value, int) or value < 0):
-            raise ExportError(f"--{name.replace('_', '-')} must be a whole number >= 0 "
-                              f"(got {value!r})")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 <= value < 2**63):
+            raise ExportError(f"--{name.replace('_', '-')} must be a whole number from 0 to "
+                              f"{2**63 - 1:,} (got {value!r})")
     if opts.merge_prefix and opts.format != "tokens":
         raise ExportError("--merge-prefix applies to --format tokens only")
     out = Path(opts.out) if opts.out else default_out(run_dir, opts)
