@@ -377,7 +377,9 @@ def target_vocab_size(meta: dict[str, str]) -> int:
 
 
 def _checked(rows):
-    """Turn an undecodable stored sample into an ExportError naming it (and `specgen verify`)."""
+    """Turn an undecodable stored sample, or one whose prompt length does not fit its ids (a
+    tampered `n_prompt` would export negative trained tokens), into an ExportError naming it
+    (and `specgen verify`)."""
     it = iter(rows)
     while True:
         try:
@@ -387,7 +389,21 @@ def _checked(rows):
         except (ValueError, TypeError, KeyError) as exc:
             raise ExportError(f"a stored sample cannot be read ({exc}); run `specgen verify` "
                               "to find it") from None
+        problem = inconsistency(row)
+        if problem:
+            raise ExportError(f"stored sample {row.dataset}/{row.conv_id} turn {row.turn} "
+                              f"(task {row.task}) is inconsistent: {problem}; nothing was "
+                              "exported (run `specgen verify`)")
         yield row
+
+
+def inconsistency(r: ResultRow) -> str | None:
+    """What makes a stored sample impossible as a training sample, else None: its prompt
+    length (`n_prompt`, the loss mask's zeros) outside its ids."""
+    n, total = r.n_prompt, len(r.input_ids)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= total:
+        return f"n_prompt {n!r} outside the sample's {total:,} ids"
+    return None
 
 
 def is_mismatched(r: ResultRow) -> bool:
