@@ -136,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
     if not t["excluded_mismatch"] and opts.include_mismatched and t["count_checks"].get("mismatch"):
         print(f"included {t['count_checks']['mismatch']:,} sample(s) with count_check = mismatch")
     if not t["samples"]:
-        print(f"specgen export: nothing exported — {_why_empty(args.run_dir, t, opts)}",
+        why = _why_empty(args.run_dir, {**t, "filtered": (filtered or {}).get("samples", 0)},
+                         opts)
+        print(f"specgen export: nothing exported — {why}",
               file=sys.stderr)
         return 6
     return 0
@@ -145,9 +147,19 @@ def run(args: argparse.Namespace) -> int:
 def _why_empty(run_dir, totals: dict, opts) -> str:
     """Why an export wrote no sample: samples left out by the options, or the run's own
     judgement (specgen.judgement)."""
-    if totals["excluded_mismatch"] or totals["excluded_provider"]:
-        return ("every sample was left out (see above: --include-mismatched / "
-                "--include-excluded-providers)")
+    left_out = []
+    if totals["excluded_mismatch"]:
+        left_out.append(f"{totals['excluded_mismatch']:,} whose ids contradict the provider's "
+                        "counts (--include-mismatched)")
+    if totals["excluded_provider"]:
+        left_out.append(f"{totals['excluded_provider']:,} of excluded providers "
+                        "(--include-excluded-providers)")
+    if totals.get("filtered"):
+        left_out.append(f"{totals['filtered']:,} by the sample filters "
+                        f"({', '.join(opts.filter_flags()) or 'see above'}: loosen or drop "
+                        "them)")
+    if left_out:
+        return "every sample was left out: " + "; ".join(left_out)
     from ..judgement import judge
     from ..store import Store
 

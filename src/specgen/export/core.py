@@ -73,6 +73,15 @@ class ExportOptions:
     def extension(self) -> str:
         return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
 
+    def filter_flags(self) -> list[str]:
+        """The sample filters given, as flags (for messages)."""
+        flags = [f"--min-trainable-tokens {self.min_trainable_tokens}"
+                 if self.min_trainable_tokens is not None else "",
+                 f"--max-repetition {self.max_repetition}"
+                 if self.max_repetition is not None else "",
+                 "--dedup" if self.dedup else "", "--drop-truncated" if self.drop_truncated else ""]
+        return [f for f in flags if f]
+
     @property
     def as_directory(self) -> bool:
         """The export is a directory (one file per dataset, or the vocab's files)."""
