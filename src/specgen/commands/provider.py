@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 
+from ..display import printable
 from .numbers import finite
 
 
@@ -88,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def shown(name: str) -> str:
     """A provider name as printed: control characters (terminal escapes) as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+    return printable(name)
 
 
 def unknown_name_note(run_dir, name: str) -> str | None:

@@ -32,7 +32,7 @@ def handle(args: argparse.Namespace) -> int:
     import orjson
 
     from ..config import ConfigError
-    from ..display import clean_floats
+    from ..display import clean_floats, printable
     from ..display import path as tidy
     from ..stats import StatsError, StatsOptions, compute_stats
     from ..stats.render import ready_list, render_text
@@ -59,5 +59,5 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(clean_floats(stats),
                                       option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    sys.stdout.write(render_text(stats, shown))
+    sys.stdout.write(printable(render_text(stats, shown), keep="\n"))
     return 0

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from ..config import ConfigError
+    from ..display import printable
     from ..store import StoreError
     from ..verify import VerifyError, format_report, verify_run
 
@@ -59,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(clean_floats(report.to_json()),
                                       option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        print(format_report(report))
+        print(printable(format_report(report), keep="\n"))
     return report.exit_code

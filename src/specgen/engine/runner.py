@@ -35,7 +35,7 @@ from . import event_loop
 from .ballast import Ballast
 from .budget import Budget, cap_below_one_request, resolve_prices
 from .control import RunLock, clear_control
-from .logfile import RunLogFile
+from .logfile import Printable, RunLogFile
 from .outcome import EXIT_STOPPED, Outcome
 from .policy import ProviderPolicy, parse_endpoints
 from .resume import (
@@ -109,6 +109,7 @@ def _setup_logging(run_dir: Path, live: bool) -> list[logging.Handler]:
     sh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handlers.append(sh)
     for h in handlers:
+        h.addFilter(Printable())
         logger.addHandler(h)
     return handlers
 
@@ -485,6 +486,7 @@ async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
 
                 console_log = RichHandler(level=logging.WARNING, console=view.console,
                                           show_path=False)
+                console_log.addFilter(Printable())
                 for h in plain:
                     logger.removeHandler(h)
                 logger.addHandler(console_log)
