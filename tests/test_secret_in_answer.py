@@ -17,20 +17,19 @@ import zlib
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
-from specgen.client.errors import Redactor
-from specgen.client.secrets import mask_answer, mask_metadata, quoted
-from specgen.client.types import ChatResponse, RawToolCall
 from test_engine_support import ENV, SPECGEN, prompt_rows, run_cli, write_config, write_jsonl
 
 KEY = "sk-or-v1-" + secrets.token_hex(32)
 ECHO_EVERY = 3  # prompts whose number is a multiple of this get the header echoed
 
 
-def completion(content: str, model: str = "moonshotai/kimi-k2.5") -> dict:
-    return {"id": "gen-1", "model": model, "provider": "Echo", "choices": [{
+def completion(content: str, model: str = "moonshotai/kimi-k2.5", provider: str = "Echo"
+               ) -> dict:
+    return {"id": "gen-1", "model": model, "provider": provider, "choices": [{
         "index": 0, "finish_reason": "stop",
         "message": {"role": "assistant", "content": content}}]}
 
@@ -47,9 +46,10 @@ def answer_to(messages: list[dict], auth: str | None) -> str:
 
 
 class EchoApi:
-    """Chat completions (non-stream) and an OpenAI-shaped Batch API on 127.0.0.1."""
+    """Chat completions (non-stream) and an OpenAI-shaped Batch API on 127.0.0.1; `provider`
+    names the provider of every answer, `batch_prefix` starts every batch id."""
 
-    def __init__(self):
+    def __init__(self, provider: str = "Echo", batch_prefix: str = "job-"):
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict] = {}
         self.chats = 0
@@ -74,7 +74,7 @@ class EchoApi:
                     outer.chats += 1
                     req = json.loads(body)
                     return self.reply(200, completion(answer_to(req["messages"], auth),
-                                                      req["model"]))
+                                                      req["model"], provider))
                 if self.path == "/v1/files":
                     msg = BytesParser().parsebytes(
                         b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n"
@@ -86,12 +86,13 @@ class EchoApi:
                     return self.reply(200, {"id": fid})
                 if self.path == "/v1/batches":
                     req = json.loads(body)
-                    bid = f"job-{len(outer.batches)}"
+                    bid = f"{batch_prefix}{len(outer.batches)}"
                     lines = [json.loads(x) for x in outer.files[req["input_file_id"]].splitlines()]
                     out = b"".join(json.dumps({
                         "id": f"r-{i['custom_id']}", "custom_id": i["custom_id"], "error": None,
                         "response": {"status_code": 200, "body": completion(
-                            answer_to(i["body"]["messages"], auth), i["body"]["model"])}}
+                            answer_to(i["body"]["messages"], auth), i["body"]["model"],
+                            provider)}}
                     ).encode() + b"\n" for i in lines)
                     outer.files[f"out-{bid}"] = out
                     outer.batches[bid] = {
@@ -103,7 +104,7 @@ class EchoApi:
                 return self.reply(404, {"error": {"message": "no such path"}})
 
             def do_GET(self):  # noqa: N802
-                parts = self.path.partition("?")[0].strip("/").split("/")
+                parts = [unquote(p) for p in self.path.partition("?")[0].strip("/").split("/")]
                 if parts == ["v1", "batches"]:
                     return self.reply(200, {"data": list(outer.batches.values())[::-1],
                                             "has_more": False})
@@ -228,6 +229,10 @@ def test_the_alarm_stops_a_run_by_default(tmp_path, api):
 
 
 def test_the_client_never_rewrites_an_answers_text_and_masks_its_metadata():
+    from specgen.client.errors import Redactor
+    from specgen.client.secrets import mask_answer, mask_metadata, quoted
+    from specgen.client.types import ChatResponse, RawToolCall
+
     red = Redactor(KEY, ("user:p4ssw0rd-long",))
     resp = ChatResponse(content=f"quote {KEY}", reasoning="fine", reasoning_field=None,
                         tool_calls=[RawToolCall(0, "call_1", "translate_text",
