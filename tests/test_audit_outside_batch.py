@@ -169,3 +169,26 @@ def test_hostile_provider_names_and_batch_ids_are_printed_sanitised(tmp_path, mo
     assert "Evil\\x1b]0;pwned\\x07" in status.stdout + report.stdout
     if mode == "batch":
         assert "job\\x1b[31m-0" in texts["log"]
+
+
+def test_a_relay_repeat_the_reasoning_count_places_is_repaired(tmp_path):
+    """Half the answers carry one stream event sent twice; the sim's model also repeats words
+    itself, so taking out either repeat fits the completion count. The provider's
+    reasoning_tokens (exact on its plain answers) says which field held the relay's repeat:
+    those answers are repaired, and every sample vouched for equals the clean run's."""
+    from specgen.store import Store
+    from test_engine_witness import run as witness_run
+
+    quirky, _ = witness_run(tmp_path, "duplicated", 80, true_ids=False, name="dup",
+                            rows=prompt_rows, endpoint="concurrency = 1\nmin_concurrency = 1")
+    clean, _ = witness_run(tmp_path, "clean", 80, true_ids=False, name="clean",
+                           rows=prompt_rows, endpoint="concurrency = 1\nmin_concurrency = 1")
+    with Store.open(clean.run_dir) as s:
+        truth = {r.conv_id: r.input_ids for r in s.iter_results()}
+    with Store.open(quirky.run_dir) as s:
+        got = list(s.iter_results())
+    backed = [r for r in got if "count:reasoning_count" in r.repairs]
+    assert backed, [r.repairs for r in got]
+    for r in got:
+        if r.count_check != "unverified":
+            assert r.input_ids == truth[r.conv_id], r.repairs

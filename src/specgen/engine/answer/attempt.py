@@ -9,6 +9,7 @@ witness), built once per session.
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,3 +74,5 @@ class AnswerContext:
     witness: CountWitness
     tokens_mode: bool
     secrets: Redactor | None = None  # the API key and proxy credentials (the secret stage)
+    # per provider: its reasoning_tokens minus our count of the reasoning (witness stage)
+    reasoning_deltas: dict[str, Counter] = field(default_factory=dict)
