@@ -192,3 +192,106 @@ def test_a_relay_repeat_the_reasoning_count_places_is_repaired(tmp_path):
     for r in got:
         if r.count_check != "unverified":
             assert r.input_ids == truth[r.conv_id], r.repairs
+
+
+# -- a full disk at start; a rescue file that could not go in the run dir ---------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root only), unmounted afterwards whatever happens."""
+    import shutil
+
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a real full disk needs a small tmpfs, and mounting one needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill_but(disk: Path, free_kib: int) -> None:
+    """Fill `disk`, then give back `free_kib` KiB."""
+    filler = disk / "filler"
+    with open(filler, "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(1 << 12))
+        except OSError:
+            pass
+    os.truncate(filler, max(0, filler.stat().st_size - free_kib * 1024))
+
+
+def test_a_full_disk_at_start_says_the_disk_is_full(small_disk, tmp_path):
+    api = EchoApi()
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(3))
+        path = write_config(tmp_path, api.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint="fetch_endpoints = false\nstream = false\n")
+        path.write_text(path.read_text().replace(str(tmp_path / "run-dir"),
+                                                 str(small_disk / "rd")))
+        first = cli("run", str(path), "--no-live")
+        assert first.returncode == 0, first.stderr[-2000:]
+        chats = api.chats
+        for free in (0, 4, 8, 16):
+            fill_but(small_disk, free)
+            out = cli("run", str(path), "--no-live")
+            assert out.returncode == 2, (free, out.stdout + out.stderr)
+            assert "disk" in out.stderr and "is full" in out.stderr, (free, out.stderr)
+            assert "specgen store" not in out.stderr and "Traceback" not in out.stderr
+            (small_disk / "filler").unlink()
+        assert api.chats == chats  # nothing sent
+    finally:
+        api.stop()
+
+
+def test_a_rescue_file_outside_the_run_dir_is_imported_and_says_what_to_do(tmp_path,
+                                                                           monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from specgen.engine.store_guard import fallback_dir, rescue_note, rescue_results
+    from specgen.records import ResultRecord
+
+    api = EchoApi()
+    try:
+        write_jsonl(tmp_path / "a.jsonl", prompt_rows(6))
+        path = write_config(tmp_path, api.url, [{"name": "a", "path": "a.jsonl"}],
+                            endpoint="fetch_endpoints = false\nstream = false\n")
+        assert cli("run", str(path), "--no-live").returncode == 0
+        run_dir = tmp_path / "run-dir"
+        db = sqlite3.connect(run_dir / "state.sqlite", isolation_level=None)
+        cols = ", ".join(ResultRecord._fields)
+        rows = [ResultRecord(*r) for r in db.execute(
+            f"SELECT {cols} FROM results ORDER BY task LIMIT 2")]
+        tasks = [r.task for r in rows]
+        # the run dir takes no new file (here: a name already taken), so the rescue file
+        # goes to the temp dir
+        monkeypatch.setattr(time, "time", lambda: 1000.0)
+        (run_dir / "rescued-session-9-1000.jsonl").symlink_to(tmp_path / "elsewhere")
+        where = rescue_results(SimpleNamespace(results=rows), run_dir, 9)
+        monkeypatch.undo()
+        (run_dir / "rescued-session-9-1000.jsonl").unlink()
+        assert where is not None and where.startswith(str(fallback_dir(run_dir)))
+        note = rescue_note(where, run_dir)
+        assert where in note and "next run of this run dir imports it" in note
+        assert "rerun the same command" in note
+        db.execute(f"DELETE FROM results WHERE task IN ({tasks[0]}, {tasks[1]})")
+        db.execute(f"UPDATE tasks SET status='pending' WHERE id IN ({tasks[0]}, {tasks[1]})")
+        db.execute("UPDATE conversations SET status='active', end_reason=NULL WHERE id IN "
+                   f"(SELECT conversation FROM tasks WHERE id IN ({tasks[0]}, {tasks[1]}))")
+        db.close()
+        chats = api.chats
+        out = cli("run", str(path), "--no-live")
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "imported 2 rescued result(s)" in out.stderr
+        assert api.chats == chats  # none paid twice
+        assert not os.path.exists(where) and os.path.exists(where + ".imported")
+        os.unlink(where + ".imported")
+    finally:
+        api.stop()

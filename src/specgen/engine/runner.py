@@ -30,7 +30,7 @@ from ..client.types import ApiError
 from ..config import RunConfig
 from ..display import path as tidy
 from ..request import local_engines
-from ..store import STORE_FILE, Store, StoreError, check_writable
+from ..store import STORE_FILE, Store, StoreError, check_writable, open_problem
 from . import event_loop
 from .ballast import Ballast
 from .budget import Budget, cap_below_one_request, resolve_prices
@@ -187,7 +187,8 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
     try:
         store = Store.create(run_dir)
     except (StoreError, OSError, sqlite3.Error) as exc:
-        raise RunError(f"cannot open the run store in {run_dir}: {exc}") from None
+        raise RunError(open_problem(exc, run_dir)
+                       or f"cannot open the run store in {run_dir}: {exc}") from None
     rescued = import_rescued(store, run_dir)  # a previous session's rescue file
     if rescued:
         log.warning("%s", rescued)
