@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..config import ConfigError
     from ..display import path as tidy
+    from ..display import printable
     from ..export import ExportError, ExportOptions, export_run
     from ..export.atomic import describe_os_error
     from ..store import StoreError
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
               "token counts (count_check = mismatch); --include-mismatched exports them")
     if t["excluded_provider"]:
         print(f"left out {t['excluded_provider']:,} sample(s) of excluded providers "
-              f"({', '.join(manifest['excluded']['providers'])}); "
+              f"({printable(', '.join(manifest['excluded']['providers']))}); "
               "--include-excluded-providers exports them")
     filtered = manifest["excluded"].get("filtered")
     if filtered:
