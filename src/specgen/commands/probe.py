@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..display import printable, printable_data
 from .numbers import finite, whole
 
 
@@ -128,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
         ref = plan.reference
         err.print(f"specgen probe: {cfg.target.model}: {len(plan.targets)} endpoint(s) x "
                   f"{len(plan.canaries)} canaries from {plan.canary_source}; reference "
-                  f"{ref.tag if ref else 'none (trigger agreement not measured)'}")
+                  f"{printable(ref.tag) if ref else 'none (trigger agreement not measured)'}")
         if plan.left_out:
-            err.print(f"  not probed (provider policy, --providers): {', '.join(plan.left_out)}")
+            err.print("  not probed (provider policy, --providers): "
+                      + printable(", ".join(plan.left_out)))
         err.print(f"  worst case ${plan.estimate_usd:.4f} (every canary answered with "
                   f"max_tokens), cap --max-cost ${opts.max_cost_usd:g}")
 
@@ -155,14 +157,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     else:
-        out.print(table(rows, title=f"specgen probe: {cfg.target.model} "
-                                    f"(spent ${result.spent_usd:.4f})"))
-        for line in verdict_lines(rows):
+        shown = printable_data(rows)  # provider names and tags from the API
+        out.print(table(shown, title=f"specgen probe: {cfg.target.model} "
+                                     f"(spent ${result.spent_usd:.4f})"))
+        for line in verdict_lines(shown):
             out.print(line)
         if data["suggested_toml"]:
             out.print(f"# keeps {len(data['kept'])} of {len(rows)} endpoint(s); "
                       f"paste into {cfg.source}:")
-            out.print(data["suggested_toml"], end="")
+            out.print(printable(data["suggested_toml"], keep="\n"), end="")
         else:
             out.print("no endpoint meets the thresholds: nothing to suggest (see the "
                       "verdicts above)")
