@@ -157,9 +157,10 @@ def _write_private(path: str, data: bytes) -> None:
 def rescue_results(batch, run_dir, session: int) -> str | None:
     """Last resort when the store never took the session's last answers: write the held
     results as JSON lines (ids unpacked) next to the store — a new file, mode 0600, never
-    through a symlink — else in the run dir's `fallback_dir` (0700, this user's own). The next run imports
-    the file from the run dir or from that temp dir (`import_rescued`). Returns the path written, or None when
-    there was nothing to save or nowhere to save it."""
+    through a symlink — else in the run dir's `fallback_dir` (0700, this user's own). The
+    next run imports the file from the run dir or from that temp dir (`import_rescued`).
+    Returns the path written, or None when there was nothing to save or nowhere to save
+    it."""
     import os
     import tempfile
 
@@ -253,8 +254,8 @@ def rescue_note(where: str, run_dir) -> str:
 
 def import_rescued(store, run_dir) -> str | None:
     """Take the results a previous session rescued (`rescued-session-*.jsonl` in the run dir,
-    or in its `fallback_dir`) into the store: each row whose task exists and has no result yet becomes its result and
-    the task is done, so a resume does not pay for it again. Each file read is renamed
+    or in its `fallback_dir`) into the store: each row whose task exists and has no result
+    yet becomes its result and the task is done, so a resume does not pay for it again. Each file read is renamed
     `….imported`. Returns what was done (for the log), or None when there was no file."""
     import os
     from pathlib import Path
