@@ -122,7 +122,7 @@ def test_readers_never_import_the_engine():
 
 def test_the_answer_path_is_its_stage_modules_in_order():
     names = [f"{stage.__module__.rsplit('.', 1)[1]}.{stage.__name__}" for stage in pipeline.STAGES]
-    assert names == ["usage.check", "accept.check", "size.check", "normalise.check",
+    assert names == ["secret.check", "usage.check", "accept.check", "size.check", "normalise.check",
                      "witness.check", "repeats.check", "quality.check", "repetition.check",
                      "record.check"]
     for stage in pipeline.STAGES:  # one module per decision, each with its one entry point

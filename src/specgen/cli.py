@@ -59,22 +59,42 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        what = problem_message(exc)
+        what = problem_message(exc, getattr(args, "run_dir", None) or _run_dir_of(args))
         if what is None:
             raise
         print(f"specgen {getattr(args, 'command', None) or ''}: {what}", file=sys.stderr)
         return 2
 
 
-def problem_message(exc: BaseException) -> str | None:
+def _run_dir_of(args) -> str | None:
+    """The run dir a `run` / `probe` config names (for a message about its disk)."""
+    path = getattr(args, "config", None)
+    if not path:
+        return None
+    try:
+        import tomllib
+
+        with open(path, "rb") as f:
+            value = tomllib.load(f).get("run_dir")
+        return value if isinstance(value, str) else None
+    except (OSError, ValueError):
+        return None
+
+
+def problem_message(exc: BaseException, run_dir=None) -> str | None:
     """What to say for a store that is not one (empty, corrupt, a directory) or a run dir
-    that cannot be written — a message instead of a traceback; None for anything else."""
+    that cannot be written (a full disk says so) — a message instead of a traceback; None
+    for anything else."""
     import sqlite3
 
-    from .store import StoreError
+    from .proxy import ProxyError
+    from .store import StoreError, open_problem
 
-    if isinstance(exc, StoreError):
-        return str(exc)
+    if isinstance(exc, StoreError | ProxyError):
+        return str(exc)  # ProxyError: a malformed HTTPS_PROXY (its credentials never shown)
+    if isinstance(exc, sqlite3.Error | OSError) and run_dir is not None \
+            and (where := open_problem(exc, run_dir)) is not None:
+        return where
     if isinstance(exc, sqlite3.Error):
         return (f"the run store cannot be used (sqlite: {exc}); check that the run dir's "
                 "state.sqlite is a specgen store file")

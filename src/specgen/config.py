@@ -934,10 +934,17 @@ def _check_provider(provider: Any, where: str) -> None:
 
 def _check_proxy(value: str | bool | None, where: str) -> None:
     """`endpoint.proxy`: an http:// URL without credentials (the config is copied into the
-    run store), or a bool."""
+    run store), or a bool; unset: the environment's proxy variables, which must parse."""
+    from specgen.proxy import ProxyChooser, ProxyError, parse_proxy
+    if value is None:  # the environment's: a malformed HTTPS_PROXY is refused before a run
+        try:
+            ProxyChooser(None)
+        except ProxyError as exc:
+            raise ConfigError(f"{where}: the environment's proxy setting cannot be used: "
+                              f"{exc} (fix or unset it, or set endpoint.proxy = false to go "
+                              "direct)") from None
     if not isinstance(value, str):
         return
-    from specgen.proxy import ProxyError, parse_proxy
     try:
         proxy = parse_proxy(value, "endpoint.proxy")
     except ProxyError as exc:

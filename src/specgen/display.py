@@ -12,6 +12,29 @@ UNKNOWN_PROVIDER = "(unknown)"  # an answer or error that named no provider
 FLOAT_DIGITS = 12  # significant digits JSON floats keep: Unix times keep their milliseconds
 
 
+def printable(text: str, keep: str = "") -> str:
+    """`text` safe to print on a terminal: every character that is not printable (an escape
+    sequence's ESC, C1 controls, carriage returns, bidi overrides, ...) shown as its Python
+    escape (`\\x1b`), except those in `keep` ("\\n" for a block of lines). Provider names,
+    batch ids and model names come from the API: a hostile one must not move the cursor,
+    retitle the terminal or forge a line of output."""
+    if text.isprintable() or all(c.isprintable() or c in keep for c in text):
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def printable_data(obj: Any) -> Any:
+    """A JSON-like value with every string in it (keys too) made `printable`: what a text
+    view renders from API-supplied data."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, dict):
+        return {printable_data(k): printable_data(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [printable_data(v) for v in obj]
+    return obj
+
+
 def provider_label(name: str | None) -> str:
     """A provider's name, or the one label for answers that named none."""
     return name or UNKNOWN_PROVIDER

@@ -51,7 +51,13 @@ class Proxy:
 
 def _safe(url: str) -> str:
     """`url` for a message, its credentials (if any) masked."""
-    parts = urlsplit(url)
+    if "://" not in url:  # scheme-less (host:3128): what comes before an "@" is credentials
+        return f"***@{url.rsplit('@', 1)[1]}" if "@" in url else url
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not even a URL: whatever comes before an "@" may be credentials
+        scheme, sep, rest = url.rpartition("://")
+        return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
     if "@" in parts.netloc:
         return url.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[1], 1)
     return url

@@ -221,6 +221,25 @@ def classify_store_error(exc: BaseException, path: str | Path) -> StoreWriteErro
     return StoreWriteError(kind, f"{_KIND_LABELS[kind]}: {detail} (run dir {run_dir})", path)
 
 
+def open_problem(exc: BaseException, run_dir: str | Path) -> str | None:
+    """What to tell a user whose run store cannot be opened or created because of where it
+    lives (a full disk, a read-only dir, a lock), else None (a file that is not a store is
+    another matter)."""
+    err = classify_store_error(exc, Path(run_dir) / STORE_FILE)
+    if err is None or err.kind == "corrupt":
+        return None
+    if err.kind == "disk_full":
+        return (f"the disk of the run dir {run_dir} is full ({free_bytes(run_dir):,} bytes "
+                f"free): the run store cannot be written ({exc}); free space there or choose "
+                "another run_dir — nothing was sent")
+    if err.kind == "read_only":
+        return (f"the run store in {run_dir} cannot be written ({exc}): "
+                f"{check_writable(run_dir) or 'a read-only file or directory'}")
+    if err.kind == "locked":
+        return f"the run store in {run_dir} is locked by another process ({exc})"
+    return f"the run store in {run_dir} cannot be used: {err.message}"
+
+
 def free_bytes(path: str | Path) -> int:
     """Bytes free for this user on the filesystem of `path` (or of its nearest existing
     parent); 0 when it cannot be told."""
@@ -278,7 +297,7 @@ def _not_writable(run_dir: Path, what: Path, exc: OSError) -> str:
         errno.EROFS: "it is on a read-only filesystem",
         errno.EACCES: "permission denied",
         errno.EPERM: "operation not permitted (permissions or an immutable file)",
-        errno.ENOSPC: "no space left on the device",
+        errno.ENOSPC: "the disk is full (no space left on the device)",
         errno.EDQUOT: "the disk quota is exhausted",
     }.get(exc.errno, exc.strerror or str(exc))  # type: ignore[arg-type]
     if what == run_dir:
@@ -482,13 +501,15 @@ class Store:
                              "to start a new run there (or restore it from a copy)")
         if not readonly:
             return cls.create(path.parent)
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
-                               check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout=10000")
         try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA busy_timeout=10000")
             conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path}: not a specgen store ({exc})") from None
+            # a full disk (a WAL to recover, a -shm to make) is not a file that is no store
+            raise StoreError(open_problem(exc, path.parent)
+                             or f"{path}: not a specgen store ({exc})") from None
         return cls(path, conn, readonly=True)
 
     def close(self) -> None:

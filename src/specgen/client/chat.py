@@ -29,6 +29,7 @@ from .errors import Redactor, describe_error, error_from_response, snippet
 from .h1 import HttpProtocolError
 from .parse import StreamParser, parse_completion
 from .pool import H1Pool
+from .secrets import mask_metadata
 from .ticker import ReadTicker
 from .tokens import finish_token_answer, parse_token_completion, token_url
 from .transport import TRANSPORT_ERRORS, request_args, transport_error
@@ -159,6 +160,7 @@ class ChatClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self.has_key = api_key is not None
+        self.secrets = self._redact  # what the answer path's secret stage looks for
         self.stream = bool(stream)
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout
@@ -389,8 +391,7 @@ class ChatClient:
         result.ended_at = time.time()
         first = att.parser.first_output_at if att.parser is not None else None
         result.first_token_at = first or result.ended_at
-        if self.has_key:
-            self._scrub(result)
+        mask_metadata(result, self._redact)  # the text is the secret stage's (never rewritten)
         return result
 
     async def _exchange(self, session: aiohttp.ClientSession, att: _Attempt, method: str,
@@ -554,20 +555,3 @@ class ChatClient:
             message, provider = describe_error(obj["error"])
             raise ApiError("error_in_body", message, provider=provider, body=obj["error"])
         return obj
-
-    def _scrub(self, resp: ChatResponse) -> None:
-        """Mask the key in an answer (only a server echoing request headers could put it
-        there); costs a few substring checks per response."""
-        r = self._redact
-        for name in ("content", "reasoning", "provider", "model", "id", "quantization"):
-            value = getattr(resp, name)
-            if value:
-                masked = r.text(value)
-                if masked is not value:
-                    setattr(resp, name, masked)
-        for call in resp.tool_calls:
-            call.arguments = r.text(call.arguments)
-            call.name = r.text(call.name)
-            call.id = r.text(call.id)
-        if resp.usage:
-            resp.usage = r.obj(resp.usage)

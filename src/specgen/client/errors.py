@@ -189,23 +189,32 @@ def error_from_response(
 
 class Redactor:
     """Replaces the API key (and a proxy's credentials) wherever they could leak: messages,
-    bodies, response fields.
+    bodies, response metadata; and finds them in an answer's text, which it never rewrites
+    (an answer quoting one is quarantined: `specgen.engine.answer.secret`).
 
     Text is masked before it is cut (`error_from_response`); for text cut elsewhere (a
     stream's error chunk described by the parser), the start of a secret left just before a
-    cut — `…`, or the end of the text — is masked too (`PARTIAL` characters or more)."""
+    cut — `…`, or the end of the text — is masked too (`PARTIAL` characters or more).
 
-    __slots__ = ("_key", "_keys")
+    Short secrets: one of fewer than `MIN_MASKED` characters is never masked (masking a key
+    `x` would rewrite every x of every message), and an answer is searched only for secrets
+    of `MIN_FOUND` characters or more: a shorter one (a placeholder such as `EMPTY` for a
+    local server; no provider issues keys that short) would quarantine ordinary text."""
+
+    __slots__ = ("_found_keys", "_key", "_keys")
 
     MASK = "[REDACTED]"
     PARTIAL = 4  # a secret's first characters this long or longer, at a cut, are masked
+    MIN_MASKED = 4  # characters: a shorter secret is not masked in messages
+    MIN_FOUND = 8  # characters: a shorter secret is not searched for in answers
 
     def __init__(self, key: str | None, extra: tuple[str, ...] = ()):
         # the longest first, so a secret inside another is masked as part of it
-        keys = sorted({k for k in (key, *extra) if k and (k == key or len(k) >= 4)},
+        keys = sorted({k for k in (key, *extra) if k and len(k) >= self.MIN_MASKED},
                       key=len, reverse=True)
         self._keys = tuple(keys)
         self._key = self._keys[0] if self._keys else None
+        self._found_keys = tuple(k for k in keys if len(k) >= self.MIN_FOUND)
 
     def __repr__(self) -> str:
         return "Redactor(<key hidden>)" if self._key else "Redactor(no key)"
@@ -259,6 +268,10 @@ class Redactor:
 
     def _found(self, text: str) -> bool:
         return any(k in text for k in self._keys)
+
+    def quoted_in(self, text: str | None) -> bool:
+        """Whether `text` (an answer's) quotes a secret long enough to be searched for."""
+        return bool(text) and any(k in text for k in self._found_keys)
 
     def obj(self, value: Any, cut: bool = False) -> Any:
         """A JSON-like value with the key masked (round-trips through JSON only when needed)."""

@@ -65,6 +65,10 @@ class ChatResponse:
     # The quantization that served the answer, when the answer says (a top-level
     # `quantization` next to `provider`; the simulator's providers that reveal it).
     quantization: str | None = None
+    # metadata fields (provider, model, id, quantization, usage) in which the client masked
+    # the API key or a proxy credential (specgen.client.secrets); the answer's text is never
+    # masked by the client: the `secret` answer stage quarantines it
+    masked: list[str] = field(default_factory=list)
 
     @property
     def prompt_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .numbers import MAX_IDS, whole
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
@@ -43,10 +44,10 @@ def add_parser(subparsers) -> None:
                         "exact, rendering, default_system, history, repaired, unverified; "
                         "docs/quality.md, \"Prompt side\"); counted in the manifest "
                         "(excluded.by_reason.prompt_check)")
-    p.add_argument("--draft-vocab-size", type=int, metavar="N",
+    p.add_argument("--draft-vocab-size", type=whole(MAX_IDS), metavar="N",
                    help="vocab: the draft vocabulary's size (default 32000, or the target's "
                         "when smaller)")
-    p.add_argument("--target-vocab-size", type=int, metavar="N",
+    p.add_argument("--target-vocab-size", type=whole(MAX_IDS), metavar="N",
                    help="vocab: the target's vocabulary size (default: the run's tokenizer's)")
     p.add_argument("--max-length", type=int, metavar="N",
                    help="vocab: count only the first N tokens of each sample, as a trainer "
@@ -68,9 +69,9 @@ PROMPT_FILTERS = ("exact", "rendering", "default_system", "history", "repaired",
 def add_filter_options(p) -> None:
     """The sample filters (docs/stats.md, "Filtering"); what they leave out is in the manifest."""
     g = p.add_argument_group("sample filters (counted in the manifest: excluded.filtered)")
-    g.add_argument("--min-trainable-tokens", type=int, metavar="N",
+    g.add_argument("--min-trainable-tokens", type=whole(), metavar="N",
                    help="leave out samples with fewer than N trainable (loss-mask 1) tokens")
-    g.add_argument("--max-repetition", type=int, metavar="N",
+    g.add_argument("--max-repetition", type=whole(), metavar="N",
                    help="leave out samples whose repetition loop repeats more than N tokens "
                         "(see specgen stats)")
     g.add_argument("--dedup", action="store_true",
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..config import ConfigError
     from ..display import path as tidy
+    from ..display import printable
     from ..export import ExportError, ExportOptions, export_run
     from ..export.atomic import describe_os_error
     from ..store import StoreError
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
               "token counts (count_check = mismatch); --include-mismatched exports them")
     if t["excluded_provider"]:
         print(f"left out {t['excluded_provider']:,} sample(s) of excluded providers "
-              f"({', '.join(manifest['excluded']['providers'])}); "
+              f"({printable(', '.join(manifest['excluded']['providers']))}); "
               "--include-excluded-providers exports them")
     filtered = manifest["excluded"].get("filtered")
     if filtered:
@@ -158,7 +160,9 @@ def run(args: argparse.Namespace) -> int:
     if not t["excluded_mismatch"] and opts.include_mismatched and t["count_checks"].get("mismatch"):
         print(f"included {t['count_checks']['mismatch']:,} sample(s) with count_check = mismatch")
     if not t["samples"]:
-        print(f"specgen export: nothing exported — {_why_empty(args.run_dir, t, opts)}",
+        why = _why_empty(args.run_dir, {**t, "filtered": (filtered or {}).get("samples", 0)},
+                         opts)
+        print(f"specgen export: nothing exported — {why}",
               file=sys.stderr)
         return 6
     return 0
@@ -167,9 +171,19 @@ def run(args: argparse.Namespace) -> int:
 def _why_empty(run_dir, totals: dict, opts) -> str:
     """Why an export wrote no sample: samples left out by the options, or the run's own
     judgement (specgen.judgement)."""
-    if totals["excluded_mismatch"] or totals["excluded_provider"]:
-        return ("every sample was left out (see above: --include-mismatched / "
-                "--include-excluded-providers)")
+    left_out = []
+    if totals["excluded_mismatch"]:
+        left_out.append(f"{totals['excluded_mismatch']:,} whose ids contradict the provider's "
+                        "counts (--include-mismatched)")
+    if totals["excluded_provider"]:
+        left_out.append(f"{totals['excluded_provider']:,} of excluded providers "
+                        "(--include-excluded-providers)")
+    if totals.get("filtered"):
+        left_out.append(f"{totals['filtered']:,} by the sample filters "
+                        f"({', '.join(opts.filter_flags()) or 'see above'}: loosen or drop "
+                        "them)")
+    if left_out:
+        return "every sample was left out: " + "; ".join(left_out)
     from ..judgement import judge
     from ..store import Store
 

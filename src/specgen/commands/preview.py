@@ -15,6 +15,8 @@ import codecs
 import json
 import sys
 
+from .numbers import whole
+
 MAX_SHOWN = 1500  # tokens shown per sample unless --full (head and tail kept)
 # Standard colour names, so the alternation survives 16-colour terminals.
 PROMPT_STYLES = ("black on white", "black on bright_white")
@@ -35,10 +37,10 @@ def add_parser(subparsers) -> None:
         ),
     )
     p.add_argument("config", metavar="CONFIG", help="the run's TOML config")
-    p.add_argument("-n", type=int, default=3, metavar="N",
+    p.add_argument("-n", type=whole(), default=3, metavar="N",
                    help="sample conversations shown per dataset (default 3)")
     p.add_argument("--dataset", metavar="NAME", help="only this dataset")
-    p.add_argument("--scan", type=int, default=None, metavar="ROWS",
+    p.add_argument("--scan", type=whole(), default=None, metavar="ROWS",
                    help="rows read per dataset for the counts (default 2000; 0 = all rows; "
                         "longer datasets are extrapolated)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -14,6 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..display import printable, printable_data
+from .numbers import finite, whole
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -26,29 +29,29 @@ def add_parser(subparsers) -> None:
                     "providers that meet the thresholds. The worst-case cost is shown first "
                     "and capped.")
     p.add_argument("config", metavar="CONFIG", help="the run config (TOML)")
-    p.add_argument("--per-provider", type=int, default=8, metavar="N",
+    p.add_argument("--per-provider", type=whole(), default=8, metavar="N",
                    help="canary requests per provider (default 8)")
     p.add_argument("--providers", metavar="A,B",
                    help="only these endpoints (tags, provider slugs or names)")
     p.add_argument("--reference", metavar="NAME",
                    help="the provider whose tool-call triggering is the truth (default: the "
                         "model author's own endpoint, e.g. moonshotai, when listed)")
-    p.add_argument("--max-cost", type=float, default=1.0, metavar="USD",
+    p.add_argument("--max-cost", type=finite, default=1.0, metavar="USD",
                    help="refuse to start if the worst case exceeds this (default 1.00)")
-    p.add_argument("--max-tokens", type=int, metavar="N",
+    p.add_argument("--max-tokens", type=whole(), metavar="N",
                    help="max_tokens per canary (default: the dataset's, at most 4096)")
-    p.add_argument("--min-schema-accuracy", type=float, default=0.95, metavar="F")
-    p.add_argument("--min-trigger-f1", type=float, default=0.8, metavar="F")
-    p.add_argument("--min-witness", type=float, default=0.9, metavar="F",
+    p.add_argument("--min-schema-accuracy", type=finite, default=0.95, metavar="F")
+    p.add_argument("--min-trigger-f1", type=finite, default=0.8, metavar="F")
+    p.add_argument("--min-witness", type=finite, default=0.9, metavar="F",
                    help="count-witness agreement to keep a provider (default 0.9)")
-    p.add_argument("--min-success", type=float, default=0.8, metavar="F",
+    p.add_argument("--min-success", type=finite, default=0.8, metavar="F",
                    help="share of canaries answered (default 0.8)")
-    p.add_argument("--min-reasoning", type=float, default=0.9, metavar="F",
+    p.add_argument("--min-reasoning", type=finite, default=0.9, metavar="F",
                    help="share of thinking canaries answered with reasoning (default 0.9)")
     p.add_argument("--suite", choices=("auto", "config", "builtin"), default="auto",
                    help="canaries: the config's rows (auto: tool-calling first, the built-in "
                         "suite when they declare no tools), or the built-in suite only")
-    p.add_argument("--concurrency", type=int, default=8, metavar="N",
+    p.add_argument("--concurrency", type=whole(), default=8, metavar="N",
                    help="canary requests in flight (default 8)")
     p.add_argument("--out", metavar="FILE", help="where to write probe.json "
                                                  "(default: RUN_DIR/probe.json)")
@@ -126,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
         ref = plan.reference
         err.print(f"specgen probe: {cfg.target.model}: {len(plan.targets)} endpoint(s) x "
                   f"{len(plan.canaries)} canaries from {plan.canary_source}; reference "
-                  f"{ref.tag if ref else 'none (trigger agreement not measured)'}")
+                  f"{printable(ref.tag) if ref else 'none (trigger agreement not measured)'}")
         if plan.left_out:
-            err.print(f"  not probed (provider policy, --providers): {', '.join(plan.left_out)}")
+            err.print("  not probed (provider policy, --providers): "
+                      + printable(", ".join(plan.left_out)))
         err.print(f"  worst case ${plan.estimate_usd:.4f} (every canary answered with "
                   f"max_tokens), cap --max-cost ${opts.max_cost_usd:g}")
 
@@ -153,14 +157,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     else:
-        out.print(table(rows, title=f"specgen probe: {cfg.target.model} "
-                                    f"(spent ${result.spent_usd:.4f})"))
-        for line in verdict_lines(rows):
+        shown = printable_data(rows)  # provider names and tags from the API
+        out.print(table(shown, title=f"specgen probe: {cfg.target.model} "
+                                     f"(spent ${result.spent_usd:.4f})"))
+        for line in verdict_lines(shown):
             out.print(line)
         if data["suggested_toml"]:
             out.print(f"# keeps {len(data['kept'])} of {len(rows)} endpoint(s); "
                       f"paste into {cfg.source}:")
-            out.print(data["suggested_toml"], end="")
+            out.print(printable(data["suggested_toml"], keep="\n"), end="")
         else:
             out.print("no endpoint meets the thresholds: nothing to suggest (see the "
                       "verdicts above)")

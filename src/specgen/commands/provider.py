@@ -7,6 +7,9 @@ import argparse
 import sys
 import time
 
+from ..display import printable
+from .numbers import finite
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -20,7 +23,7 @@ def add_parser(subparsers) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--exclude", metavar="NAME", help="provider name or slug to leave out")
     group.add_argument("--allow", metavar="NAME", help="excluded provider to put back")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--timeout", type=finite, default=10.0, metavar="S",
                    help="how long to wait for a running run to take the request (default 10)")
     p.set_defaults(func=handle)
 
@@ -86,7 +89,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def shown(name: str) -> str:
     """A provider name as printed: control characters (terminal escapes) as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+    return printable(name)
 
 
 def unknown_name_note(run_dir, name: str) -> str | None:

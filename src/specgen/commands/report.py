@@ -36,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"specgen report: {exc}", file=sys.stderr)
         return 2
     if args.text:
-        sys.stdout.write(out)
+        from ..display import printable
+
+        sys.stdout.write(printable(out, keep="\n"))  # names and ids from the API
         return 0
     path = Path(args.output) if args.output else Path(args.run_dir) / "report.html"
     tmp = path.with_name(path.name + ".partial")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..display import printable, printable_data
+from .numbers import finite
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -21,7 +24,7 @@ def add_parser(subparsers) -> None:
                    help="start a fresh store even if the config changed results (the old "
                         "store, its exports and report are moved to RUN_DIR/previous/, "
                         "never deleted)")
-    p.add_argument("--drain-timeout", type=float, metavar="S",
+    p.add_argument("--drain-timeout", type=finite, metavar="S",
                    help="on a first stop, wait at most S seconds for in-flight requests "
                         "(default: [engine] drain_timeout, 60)")
     p.add_argument("--retry-failed", action="store_true",
@@ -73,10 +76,12 @@ def handle(args: argparse.Namespace) -> int:
     try:
         status = run_status(cfg.run_dir)
     except Exception as exc:  # noqa: BLE001 - the store itself may be what failed
-        print(f"run {outcome.state}: {outcome.stop_reason}")
+        print(f"run {outcome.state}: {printable(outcome.stop_reason or '')}")
         print(f"  (no summary: the store cannot be read: {exc})", file=sys.stderr)
         return outcome.exit_code
-    print_summary(status, outcome.state, outcome.stop_reason, config=args.config,
+    # provider names, batch ids and reasons from the API: terminal-safe
+    print_summary(printable_data(status), outcome.state, printable(outcome.stop_reason or ""),
+                  config=args.config,
                   rerun=_rerun_args(args))
     return outcome.exit_code
 

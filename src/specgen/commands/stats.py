@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .numbers import whole
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
@@ -20,9 +21,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME",
                    help="only this dataset (repeatable)")
-    p.add_argument("--repetition-tokens", type=int, default=None, metavar="N",
+    p.add_argument("--repetition-tokens", type=whole(), default=None, metavar="N",
                    help="a repetition loop repeats at least N tokens (default 64)")
-    p.add_argument("--repetition-period", type=int, default=None, metavar="N",
+    p.add_argument("--repetition-period", type=whole(), default=None, metavar="N",
                    help="of a block of at most N tokens (default 64)")
     p.set_defaults(func=handle)
 
@@ -31,7 +32,7 @@ def handle(args: argparse.Namespace) -> int:
     import orjson
 
     from ..config import ConfigError
-    from ..display import clean_floats
+    from ..display import clean_floats, printable
     from ..display import path as tidy
     from ..stats import StatsError, StatsOptions, compute_stats
     from ..stats.render import ready_list, render_text
@@ -58,5 +59,5 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(clean_floats(stats),
                                       option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    sys.stdout.write(render_text(stats, shown))
+    sys.stdout.write(printable(render_text(stats, shown), keep="\n"))
     return 0

@@ -35,7 +35,9 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(clean_floats(status),
                                       option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    print_status(status)
+    from ..display import printable_data
+
+    print_status(printable_data(status))  # names and ids from the API: terminal-safe
     return 0
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from .numbers import finite
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
@@ -18,7 +19,7 @@ def add_parser(subparsers) -> None:
     add_run_dir(p)
     p.add_argument("--now", action="store_true", help="cancel in-flight requests")
     p.add_argument("--no-wait", action="store_true", help="return once the request is made")
-    p.add_argument("--timeout", type=float, metavar="S",
+    p.add_argument("--timeout", type=finite, metavar="S",
                    help="wait at most S seconds for the run to end (default: its drain "
                         "timeout + 30)")
     p.set_defaults(func=handle)

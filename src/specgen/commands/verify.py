@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .numbers import finite
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
@@ -21,7 +22,7 @@ def add_parser(subparsers) -> None:
                    help="the run's tokenizer files, if not at the path in its config")
     p.add_argument("--dataset", action="append", default=[], metavar="NAME",
                    help="check only this dataset (repeatable)")
-    p.add_argument("--max-true-mismatch", type=float, default=DEFAULT_MAX_TRUE_MISMATCH,
+    p.add_argument("--max-true-mismatch", type=finite, default=DEFAULT_MAX_TRUE_MISMATCH,
                    metavar="RATE",
                    help="highest share of samples (0..1, prompt and completion each) whose true "
                         "ids may differ from ours before verify fails (default "
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from ..config import ConfigError
+    from ..display import printable
     from ..store import StoreError
     from ..verify import VerifyError, format_report, verify_run
 
@@ -58,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(clean_floats(report.to_json()),
                                       option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        print(format_report(report))
+        print(printable(format_report(report), keep="\n"))
     return report.exit_code

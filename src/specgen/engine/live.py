@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..display import printable_data
 from .progress import fmt_duration
 from .scheduler import Engine
 from .status import quality_cell
@@ -149,7 +150,7 @@ class LiveView:
         from rich.console import Group
         from rich.text import Text
 
-        s = snapshot(self.engine)
+        s = printable_data(snapshot(self.engine))  # names and ids from the API
         width = self.console.width
         cap = f" / ${s['max_cost_usd']:g}" if s["max_cost_usd"] is not None else ""
         price_note = " (cost as reported: no prices known)" if s["prices"] == "unknown" else ""

@@ -8,6 +8,21 @@ from __future__ import annotations
 import logging
 import sys
 
+from ..display import printable
+
+
+class Printable(logging.Filter):
+    """A handler's filter: the message made terminal-safe (`display.printable`) — provider
+    names, batch ids and API errors in it come from the API, and a log is read in a
+    terminal (`tail -f`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        shown = printable(message, keep="\n\t")
+        if shown is not message:
+            record.msg, record.args = shown, ()
+        return True
+
 
 class RunLogFile(logging.FileHandler):
     def __init__(self, filename, encoding: str = "utf-8"):

@@ -10,7 +10,7 @@ import logging
 import time
 
 from .figures import write_live_file
-from .store_guard import rescue_results
+from .store_guard import rescue_note, rescue_results
 
 STOP_RESCUE_AFTER = 3.0  # seconds of failing commits a stop waits before the rescue file
 
@@ -86,7 +86,7 @@ async def settle_store(engine) -> None:
         await asyncio.sleep(0.5 if engine.stop.stopping else 1.0)
     held = writer.held_results
     where = rescue_results(writer.batch, engine.run_dir, engine.session_id)
-    saved = f"; they were written to {where}" if where else ""
+    saved = f"; {rescue_note(where, engine.run_dir)}" if where else ""
     problem = writer.problem
     what = (f"store error: {problem.message if problem else 'commit failed'}; "
             f"{held} answer(s) could not be committed{saved}")

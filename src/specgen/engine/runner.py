@@ -30,12 +30,12 @@ from ..client.types import ApiError
 from ..config import RunConfig
 from ..display import path as tidy
 from ..request import local_engines
-from ..store import STORE_FILE, Store, StoreError, check_writable
+from ..store import STORE_FILE, Store, StoreError, check_writable, open_problem
 from . import event_loop
 from .ballast import Ballast
 from .budget import Budget, cap_below_one_request, resolve_prices
 from .control import RunLock, clear_control
-from .logfile import RunLogFile
+from .logfile import Printable, RunLogFile
 from .outcome import EXIT_STOPPED, Outcome
 from .policy import ProviderPolicy, parse_endpoints
 from .resume import (
@@ -126,6 +126,7 @@ def _setup_logging(run_dir: Path, live: bool) -> list[logging.Handler]:
     sh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handlers.append(sh)
     for h in handlers:
+        h.addFilter(Printable())
         logger.addHandler(h)
     return handlers
 
@@ -210,7 +211,8 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
     try:
         store = Store.create(run_dir)
     except (StoreError, OSError, sqlite3.Error) as exc:
-        raise RunError(f"cannot open the run store in {run_dir}: {exc}") from None
+        raise RunError(open_problem(exc, run_dir)
+                       or f"cannot open the run store in {run_dir}: {exc}") from None
     rescued = import_rescued(store, run_dir)  # a previous session's rescue file
     if rescued:
         log.warning("%s", rescued)
@@ -512,6 +514,7 @@ async def _run_engine(engine: Engine, cfg: RunConfig, live: bool) -> Outcome:
 
                 console_log = RichHandler(level=logging.WARNING, console=view.console,
                                           show_path=False)
+                console_log.addFilter(Printable())
                 for h in plain:
                     logger.removeHandler(h)
                 logger.addHandler(console_log)

@@ -134,7 +134,8 @@ class Engine:
             events=self.events, stop=self.stop, wake=self.wake)
         model_check = ModelCheck(cfg.target.model, ep.accept_models)
         self.answers = AnswerPipeline(AnswerContext(
-            cfg, stages, self.policy, model_check, self.witness, self.tokens_mode), self.quality,
+            cfg, stages, self.policy, model_check, self.witness, self.tokens_mode,
+            secrets=getattr(self.client, "secrets", None)), self.quality,
             store=store)
 
     # -- what the live view, status and tests read ----------------------------------------------

@@ -157,9 +157,10 @@ def _write_private(path: str, data: bytes) -> None:
 def rescue_results(batch, run_dir, session: int) -> str | None:
     """Last resort when the store never took the session's last answers: write the held
     results as JSON lines (ids unpacked) next to the store — a new file, mode 0600, never
-    through a symlink — else in a private temp dir of its own (0700). The next run imports
-    the file from the run dir (`import_rescued`). Returns the path written, or None when
-    there was nothing to save or nowhere to save it."""
+    through a symlink — else in the run dir's `fallback_dir` (0700, this user's own). The
+    next run imports the file from the run dir or from that temp dir (`import_rescued`).
+    Returns the path written, or None when there was nothing to save or nowhere to save
+    it."""
     import os
     import tempfile
 
@@ -191,7 +192,15 @@ def rescue_results(batch, run_dir, session: int) -> str | None:
             os.unlink(path)
         except OSError:
             pass
-    try:
+    folder = fallback_dir(run_dir, create=True)
+    if folder is not None:
+        try:
+            path = os.path.join(str(folder), name)
+            _write_private(path, data)
+            return path
+        except OSError:
+            pass
+    try:  # not even that: a private dir of its own (the message names it; not imported)
         folder = tempfile.mkdtemp(prefix="specgen-rescue-")
         path = os.path.join(folder, name)
         _write_private(path, data)
@@ -200,10 +209,53 @@ def rescue_results(batch, run_dir, session: int) -> str | None:
         return None
 
 
+def fallback_dir(run_dir, create: bool = False):
+    """Where a rescue file goes when the run dir takes none: a directory of this user's own
+    under the temp dir, named after the run dir (so the next run of it finds the file),
+    mode 0700 — None when it is missing, or is not ours alone (a shared /tmp: a directory
+    someone else made, or a symlink, is never used)."""
+    import hashlib
+    import os
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    key = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
+    top = Path(tempfile.gettempdir()) / f"specgen-rescue-{os.getuid()}"
+    for d in (top, top / key):
+        if create:
+            try:
+                d.mkdir(mode=0o700)
+            except FileExistsError:
+                pass
+            except OSError:
+                return None
+        try:
+            st = os.lstat(d)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return None
+    return top / key
+
+
+def rescue_note(where: str, run_dir) -> str:
+    """What a user is told of a rescue file: where it is and what brings it back."""
+    import os
+
+    here = os.path.dirname(where) == os.path.abspath(str(run_dir))
+    nxt = ("the next run of this run dir imports it" if here or where.startswith(
+        str(fallback_dir(run_dir) or "\0")) else
+        f"move it into the run dir {run_dir} and the next run imports it")
+    return (f"they were written to {where}; {nxt} — make the store writable again (free "
+            "space, fix permissions), then rerun the same command; keep the file until that "
+            "run says it imported it")
+
+
 def import_rescued(store, run_dir) -> str | None:
-    """Take the results a previous session rescued (`rescued-session-*.jsonl` in the run dir)
-    into the store: each row whose task exists and has no result yet becomes its result and
-    the task is done, so a resume does not pay for it again. Each file read is renamed
+    """Take the results a previous session rescued (`rescued-session-*.jsonl` in the run dir,
+    or in its `fallback_dir`) into the store: each row whose task exists and has no result
+    yet becomes its result and the task is done, so a resume does not pay for it again. Each file read is renamed
     `….imported`. Returns what was done (for the log), or None when there was no file."""
     import os
     from pathlib import Path
@@ -214,6 +266,9 @@ def import_rescued(store, run_dir) -> str | None:
     from ..store import pack_ids, pack_json
 
     files = sorted(Path(run_dir).glob(RESCUE_GLOB))
+    spare = fallback_dir(run_dir)  # where a session whose run dir took nothing wrote it
+    if spare is not None:
+        files += sorted(spare.glob(RESCUE_GLOB))
     if not files:
         return None
     taken = skipped = 0

@@ -84,6 +84,15 @@ class ExportOptions:
     def extension(self) -> str:
         return ".parquet" if self.format == "tokens" and not self.jsonl else ".jsonl"
 
+    def filter_flags(self) -> list[str]:
+        """The sample filters given, as flags (for messages)."""
+        flags = [f"--min-trainable-tokens {self.min_trainable_tokens}"
+                 if self.min_trainable_tokens is not None else "",
+                 f"--max-repetition {self.max_repetition}"
+                 if self.max_repetition is not None else "",
+                 "--dedup" if self.dedup else "", "--drop-truncated" if self.drop_truncated else ""]
+        return [f for f in flags if f]
+
     @property
     def as_directory(self) -> bool:
         """The export is a directory (one file per dataset, or the vocab's files)."""
@@ -165,9 +174,10 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
         raise ExportError(f"unknown export format {opts.format!r}; choose one of {', '.join(FORMATS)}")
     for name in ("min_trainable_tokens", "max_repetition"):
         value = getattr(opts, name)
-        if value is not None and (not isinstance(value, int) or value < 0):
-            raise ExportError(f"--{name.replace('_', '-')} must be a whole number >= 0 "
-                              f"(got {value!r})")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 <= value < 2**63):
+            raise ExportError(f"--{name.replace('_', '-')} must be a whole number from 0 to "
+                              f"{2**63 - 1:,} (got {value!r})")
     if opts.merge_prefix and opts.format != "tokens":
         raise ExportError("--merge-prefix applies to --format tokens only")
     out = Path(opts.out) if opts.out else default_out(run_dir, opts)
@@ -405,7 +415,9 @@ def target_vocab_size(meta: dict[str, str]) -> int:
 
 
 def _checked(rows):
-    """Turn an undecodable stored sample into an ExportError naming it (and `specgen verify`)."""
+    """Turn an undecodable stored sample, or one whose prompt length does not fit its ids (a
+    tampered `n_prompt` would export negative trained tokens), into an ExportError naming it
+    (and `specgen verify`)."""
     it = iter(rows)
     while True:
         try:
@@ -415,7 +427,21 @@ def _checked(rows):
         except (ValueError, TypeError, KeyError) as exc:
             raise ExportError(f"a stored sample cannot be read ({exc}); run `specgen verify` "
                               "to find it") from None
+        problem = inconsistency(row)
+        if problem:
+            raise ExportError(f"stored sample {row.dataset}/{row.conv_id} turn {row.turn} "
+                              f"(task {row.task}) is inconsistent: {problem}; nothing was "
+                              "exported (run `specgen verify`)")
         yield row
+
+
+def inconsistency(r: ResultRow) -> str | None:
+    """What makes a stored sample impossible as a training sample, else None: its prompt
+    length (`n_prompt`, the loss mask's zeros) outside its ids."""
+    n, total = r.n_prompt, len(r.input_ids)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= total:
+        return f"n_prompt {n!r} outside the sample's {total:,} ids"
+    return None
 
 
 def is_mismatched(r: ResultRow) -> bool:

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -121,7 +121,14 @@ def probe_json(cfg, result: ProbeResult, rows: list[dict[str, Any]], th: Thresho
 def out_problem(path: Path) -> str | None:
     """Why `path` cannot take probe.json (None: it can), checked before anything is paid
     for: not a directory nor another non-file, under a directory that exists (or can be
-    made) and takes a new file."""
+    made) and takes a new file — tried for real, the directories made for the try removed."""
+    try:
+        return _out_problem(path)
+    except OSError as exc:  # a name too long, a loop of links, ...
+        return exc.strerror or str(exc)
+
+
+def _out_problem(path: Path) -> str | None:
     if path.is_dir():
         return "it is a directory (give a file name, e.g. DIR/probe.json)"
     if path.exists() and not path.is_file():
@@ -134,16 +141,28 @@ def out_problem(path: Path) -> str | None:
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is not a directory"
-    if existing != parent:  # made on writing: the nearest existing directory must take it
-        return None if os.access(existing, os.W_OK | os.X_OK) else (
-            f"cannot create {parent}: {existing} is not writable")
-    try:  # a real write: permissions, a read-only mount, quotas
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.check-", dir=parent)
-    except OSError as exc:
-        return f"cannot write in {parent}: {exc.strerror or exc}"
-    os.close(fd)
-    os.unlink(tmp)
-    return None
+    made: list[Path] = []  # the directories write_json would make, made for the check
+    try:
+        for d in reversed([parent, *parent.parents][:len(parent.parts) - len(existing.parts)]):
+            try:
+                d.mkdir()
+            except OSError as exc:
+                return f"cannot create {d}: {exc.strerror or exc}"
+            made.append(d)
+        # a real write of write_json's own temp name: permissions (root's too), a read-only
+        # mount, quotas, a name too long
+        tmp = parent / f".{path.name}.tmp-{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            return f"cannot write in {parent}: {exc.strerror or exc}"
+        os.close(fd)
+        os.unlink(tmp)
+        return None
+    finally:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -41,6 +41,9 @@ ALARMS: dict[str, tuple[float, int, bool, str]] = {
     "empty": (0.2, 20, False, "empty answers"),
     "length": (0.5, 20, False, "answers cut at max_tokens (finish_reason length)"),
     "repetition": (0.1, 20, False, "answers with a repetition loop ([quality] repetition)"),
+    # one answer quoting the API key or a proxy credential is one too many
+    "secret_in_answer": (0.0, 1, False, "answers quoting the API key or a proxy credential "
+                                        "(quarantined, stored masked)"),
 }
 ACTIONS = ("stop", "pause_dataset", "warn")
 # What to change when an alarm fires (every alarm message ends with it).
@@ -67,6 +70,10 @@ FIXES: dict[str, str] = {
                   "repetition/presence penalties), or drop the loops "
                   "(`[quality] repetition = { action = \"quarantine\" }`, or export with "
                   "`--max-repetition`)",
+    "secret_in_answer": "a relay, proxy or provider echoes the request's headers into answers, "
+                        "or the dataset holds the key: rotate the key, exclude the provider "
+                        "(`specgen provider RUN_DIR --exclude NAME`) or go direct, and check "
+                        "the rows (`specgen status` names the tasks)",
 }
 
 
@@ -180,6 +187,8 @@ def _relevant(name: str, o: Observation) -> bool | None:
         return o.truncated or (quarantined and o.reason == "length")
     if name == "repetition":
         return o.repetition
+    if name == "secret_in_answer":
+        return quarantined and o.reason == "secret_in_answer"
     return None
 
 

@@ -27,7 +27,7 @@ JUDGED = frozenset({"exact", "repaired", "mismatch"})  # count-witness verdicts 
 # Quarantine reasons another figure watches (schema, count, markers, empty, length): the
 # quarantine rate counts the others, so one cause never trips two figures.
 OWN_FIGURE = SCHEMA_FAILURES | MARKER_QUARANTINES | {"count_mismatch", "empty", "length",
-                                                      "repetition"}
+                                                      "repetition", "secret_in_answer"}
 UNKNOWN = "(unknown)"
 
 

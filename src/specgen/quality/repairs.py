@@ -167,15 +167,35 @@ def dedup_candidates(resp: Any) -> list[Any]:
 
 
 def dedup_repair(resp: Any, target: int,
-                 rebuild: Callable[[Any], tuple[AssistantMessage, list[int]] | None]
+                 rebuild: Callable[[Any], tuple[AssistantMessage, list[int]] | None],
+                 reasoning_ids: Callable[[str], int] | None = None,
                  ) -> tuple[AssistantMessage, list[int], list[str]] | None:
     """The message and ids of the answer without its repeated events' text, when exactly one
     such candidate is `target` ids long (`rebuild` normalises and renders one; None when it
-    does not normalise)."""
+    does not normalise).
+
+    Several that fit (the model repeated a piece itself, elsewhere) are told apart by a second
+    witness when the provider gives one: its `completion_tokens_details.reasoning_tokens`
+    says whether the repeat to take out is in the reasoning or the content
+    (`reasoning_ids(text)`: our count of a reasoning text); still several, nothing is
+    changed."""
     found: list[tuple[AssistantMessage, list[int], list[str]]] = []
+    texts: list[str] = []
     for candidate in dedup_candidates(resp):
         rebuilt = rebuild(candidate)
         if rebuilt is not None and len(rebuilt[1]) == target and all(
                 rebuilt[1] != f[1] for f in found):
             found.append((rebuilt[0], rebuilt[1], ["duplicate_events"]))
-    return found[0] if len(found) == 1 else None
+            texts.append(candidate.reasoning or "")
+    if len(found) == 1:
+        return found[0]
+    details = (resp.usage or {}).get("completion_tokens_details")
+    theirs = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if len(found) < 2 or reasoning_ids is None or isinstance(theirs, bool) \
+            or not isinstance(theirs, int):
+        return None
+    backed = [f for f, text in zip(found, texts, strict=True) if reasoning_ids(text) == theirs]
+    if len(backed) != 1:
+        return None
+    message, ids, _ = backed[0]
+    return message, ids, ["duplicate_events", "reasoning_count"]

@@ -243,8 +243,13 @@ def scan(rows, opts: StatsOptions) -> dict[str, Any]:
     seen_span: set[int] = set()
     seen_prompt: set[int] = set()
     min_rep, max_period = opts.repetition_tokens, opts.repetition_period
+    unreadable: list[dict[str, str]] = []  # damaged or tampered rows: counted, not measured
     for (dataset, conv_id, turn, conversation, provider, finish, message, ids_blob, n_prompt,
          tp_blob, tc_blob, completion_tokens, reasoning_tokens) in rows:
+        msg, problem = _readable(message, ids_blob, n_prompt)
+        if problem is not None:
+            unreadable.append({"sample": f"{dataset}/{conv_id}/{turn}", "problem": problem})
+            continue
         if tp_blob is not None and tc_blob is not None:
             prompt_blob, span_blob = tp_blob, tc_blob
         else:
@@ -258,7 +263,6 @@ def scan(rows, opts: StatsOptions) -> dict[str, Any]:
         g_pv = per_prov.get((dataset, prov))
         if g_pv is None:
             g_pv = per_prov[(dataset, prov)] = Group()
-        msg = orjson.loads(message)
         content = msg.get("content") or ""
         if not isinstance(content, str):
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
@@ -322,4 +326,22 @@ def scan(rows, opts: StatsOptions) -> dict[str, Any]:
                        "duplicates": opts.duplicate_threshold, "empty": opts.empty_threshold},
         "total": total.to_json(opts),
         "datasets": datasets,
+        "unreadable": {"count": len(unreadable), "samples": unreadable[:LISTED]},
     }
+
+
+def _readable(message: Any, ids_blob: Any, n_prompt: Any) -> tuple[dict[str, Any], str | None]:
+    """(the stored message, None), or ({}, what makes the row unusable): a message that is not
+    a JSON object, ids that are not a blob, a prompt length outside the ids."""
+    try:
+        msg = orjson.loads(message)
+    except (orjson.JSONDecodeError, TypeError):
+        return {}, "its message is not JSON"
+    if not isinstance(msg, dict):
+        return {}, "its message is not a JSON object"
+    if not isinstance(ids_blob, bytes):
+        return {}, "its ids are not stored as a blob"
+    if isinstance(n_prompt, bool) or not isinstance(n_prompt, int) \
+            or not 0 <= 4 * n_prompt <= len(ids_blob):
+        return {}, f"n_prompt {n_prompt!r} outside its {len(ids_blob) // 4:,} ids"
+    return msg, None

@@ -67,6 +67,13 @@ def ready_list(stats: dict[str, Any], run_dir: str) -> list[dict[str, str]]:
     t = stats["total"]
     th = stats["thresholds"]
     out = []
+    bad = stats.get("unreadable") or {}
+    if bad.get("count"):
+        first = bad["samples"][0]
+        out.append({"finding": f"{bad['count']:,} stored sample(s) damaged or inconsistent "
+                               f"(first: {first['sample']}: {first['problem']}); export refuses "
+                               "them",
+                    "command": f"specgen verify {run_dir}", "above_threshold": True})
     exp = f"specgen export {run_dir} --format tokens"
     if t["truncated"]["count"]:
         out.append({"finding": f"{t['truncated']['count']:,} sample(s) cut at max_tokens "
@@ -111,7 +118,7 @@ def render_text(stats: dict[str, Any], run_dir: str) -> str:
         lines += ["", "all datasets"] + group_lines(stats["total"])
     found = ready_list(stats, run_dir)
     lines += ["", "ready to train?"]
-    if not stats["total"]["samples"]:
+    if not stats["total"]["samples"] and not found:
         lines.append("  no samples yet")
     elif not found:
         lines.append("  yes: no truncation, repetition loop, duplicate or empty answer found")

@@ -9,9 +9,11 @@ witness), built once per session.
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...client.errors import Redactor
 from ...client.types import ChatResponse
 from ...config import RunConfig
 from ...conversation import AssistantMessage
@@ -71,3 +73,6 @@ class AnswerContext:
     model_check: ModelCheck
     witness: CountWitness
     tokens_mode: bool
+    secrets: Redactor | None = None  # the API key and proxy credentials (the secret stage)
+    # per provider: its reasoning_tokens minus our count of the reasoning (witness stage)
+    reasoning_deltas: dict[str, Counter] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """The answer path: every answer passes the stages below, in order (docs/design.md, "How an
 answer travels").
 
-    usage ─► accept ─► size ─► normalise ─► witness ─► repeats ─► quality ─► repetition
+    secret ─► usage ─► accept ─► size ─► normalise ─► witness ─► repeats ─► quality ─► repetition
     ─► record
 
 Each stage is a module with one entry point, `check(answer, context)`, that fills in its part
@@ -32,7 +32,19 @@ from ...client.types import ChatResponse
 from ...quality.monitor import Decision, QualityMonitor
 from ..budget import Charge
 from ..state import Job
-from . import accept, normalise, quality, record, rejudge, repeats, repetition, size, usage, witness
+from . import (
+    accept,
+    normalise,
+    quality,
+    record,
+    rejudge,
+    repeats,
+    repetition,
+    secret,
+    size,
+    usage,
+    witness,
+)
 from .attempt import Answer, AnswerContext
 from .observe import observation, rejudged_observation
 from .outcomes import Kept, Outcome
@@ -49,6 +61,7 @@ STALL_PROBE = 0.05  # s: how often the loop's lag is sampled while one is judged
 Stage = Callable[[Answer, AnswerContext], Outcome | None]
 
 STAGES: tuple[Stage, ...] = (
+    secret.check,  # the API key or a proxy credential quoted: quarantined, stored masked
     usage.check,  # a malformed usage: treated as missing, a counted warning
     accept.check,  # provider, quantization and model allowed?
     size.check,  # within [endpoint] max_answer_bytes?

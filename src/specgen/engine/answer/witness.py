@@ -13,6 +13,7 @@ for the sample is the quality stage's call (`answer.quality`).
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 
 from ...conversation import REASONING_KEYS
 from ...display import UNKNOWN_PROVIDER
@@ -24,6 +25,11 @@ from ...quality.witness import Verdict
 from ...render.serving import history_as_served, may_be_served_differently, reserialized_history
 from .attempt import Answer, AnswerContext, Note
 from .outcomes import Outcome
+
+# a provider's usage.completion_tokens_details.reasoning_tokens is a second witness once it
+# equalled our count of the reasoning on each of its first answers
+REASONING_SAMPLES = 20  # answers compared per provider (then the verdict stands)
+REASONING_MIN = 5  # answers compared before it is trusted
 
 
 def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
@@ -68,6 +74,8 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
     if not ctx.cfg.quality.count_witness:
         return Verdict("unverified", "count witness off ([quality] count_witness)")
     job, resp, message = a.job, a.resp, a.message
+    key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
+    reasoning_witness = _reasoning_witness(ctx, key, job)
     repair = None
     restyled = repair_candidates(message)
     if a.truncated or not (restyled or resp.duplicates):
@@ -90,7 +98,8 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
         def repair(target: int):
             fits = [fix for fix in (
                 count_repair(message, target, render) if restyled else None,
-                dedup_repair(resp, target, rebuild) if resp.duplicates else None)
+                dedup_repair(resp, target, rebuild, reasoning_witness) if resp.duplicates
+                else None)
                 if fix is not None]
             if fits and all(f[1] == fits[0][1] for f in fits):
                 return fits[0]  # one result, however it is reached
@@ -106,7 +115,6 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
                 return None
             chosen.append(fit[2])
             return fit[0], fit[1]
-    key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
     thinking = job.settings.thinking if job.settings is not None else None
     messages = job.messages or []
     system = any(m.get("role") == "system" for m in messages)
@@ -118,6 +126,7 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
         history=any(m.get("role") in ("assistant", "tool") for m in messages),
         system=system, prompt_floor=lambda: prompt_floor(job),
         default_system=None if system else lambda: default_system_ids(job))
+    _learn_reasoning(a, ctx, key)
     if chosen and verdict.prompt_ids is not None:
         verdict.prompt_messages = chosen[-1]
     if verdict.check == "exact" and resp.duplicates and dedup_repair(
@@ -169,6 +178,37 @@ def default_system_ids(job) -> int:
     except Exception:  # noqa: BLE001
         return 0
     return max(0, len(job.prompt_ids) - bare)
+
+
+def _reasoning_ids(job):
+    return lambda text: len(job.renderer.tokenizer.encode(text)) if text else 0
+
+
+def _reasoning_witness(ctx: AnswerContext, key: str, job):
+    """Our count of a reasoning text, when `key`'s `reasoning_tokens` have been a witness: equal
+    to ours on each of its first `REASONING_SAMPLES` judged answers (at least
+    `REASONING_MIN`); else None. It tells apart repeated-event repairs the completion count
+    cannot (`quality.repairs.dedup_repair`)."""
+    seen = ctx.reasoning_deltas.get(key)
+    if not seen or seen.total() < REASONING_MIN or set(seen) != {0}:
+        return None
+    return _reasoning_ids(job)
+
+
+def _learn_reasoning(a: Answer, ctx: AnswerContext, key: str) -> None:
+    """Compare the provider's `reasoning_tokens` with our count of the sample's reasoning, on
+    its first `REASONING_SAMPLES` answers whose reasoning is settled: whole (not cut), and no
+    stream event of it repeated (a repeat may be a relay's)."""
+    seen = ctx.reasoning_deltas.setdefault(key, Counter())
+    resp, message = a.resp, a.message
+    if seen.total() >= REASONING_SAMPLES or a.truncated or message is None \
+            or not message.reasoning or any(f == "reasoning" for f, _, _ in resp.duplicates):
+        return
+    details = (resp.usage or {}).get("completion_tokens_details")
+    theirs = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if isinstance(theirs, bool) or not isinstance(theirs, int):
+        return
+    seen[theirs - _reasoning_ids(a.job)(message.reasoning)] += 1
 
 
 def served_candidates(job) -> list[tuple[str, list]]:
