@@ -120,6 +120,10 @@ class Alarm:
     samples: int
     examples: list[dict[str, Any]] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
+    # whose fault it is (quality.blame), in words with the command that acts on it, and as
+    # figures; None for an alarm no provider can cause
+    cause: str | None = None
+    blame: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -134,7 +138,8 @@ class Alarm:
         return (f"alarm {r.name} on dataset {self.dataset!r}: {100 * self.share:.0f}% of the "
                 f"last {self.samples} {r.what} ({sign} {100 * r.threshold:g}% after "
                 f"{r.min_samples})" + (f" [{why}]" if why else "")
-                + (f"; examples: {ex}" if ex else "") + f"; to fix: {self.fix}")
+                + (f"; examples: {ex}" if ex else "")
+                + (f"; {self.cause}" if self.cause else "") + f"; to fix: {self.fix}")
 
     @property
     def fix(self) -> str:
@@ -146,7 +151,7 @@ class Alarm:
         return {"alarm": r.name, "dataset": self.dataset, "share": round(self.share, 4),
                 "samples": self.samples, "threshold": r.threshold, "below": r.below,
                 "min_samples": r.min_samples, "examples": self.examples,
-                "reasons": self.reasons}
+                "reasons": self.reasons, **({"blame": self.blame} if self.blame else {})}
 
 
 def _relevant(name: str, o: Observation) -> bool | None:
@@ -221,6 +226,23 @@ class DatasetAlarms:
                 found = Alarm(o.dataset, rule, share, rolling.n, rolling.examples(),
                               rolling.window_labels())
         return found
+
+    def window_of(self, dataset: str, name: str) -> Rolling:
+        """An alarm's rolling window on a dataset (empty when it saw no answer)."""
+        return self.shares.get(dataset, {}).get(name) or Rolling(self.window)
+
+    def rearm(self, dataset: str, name: str) -> None:
+        """The alarm may fire again on this dataset (its cause went with an excluded
+        provider, or the rule waits for more answers)."""
+        fired = self.fired.get(dataset)
+        if fired and name in fired:
+            fired.remove(name)
+
+    def forget(self, providers: set[str]) -> int:
+        """Drop the answers of `providers` (lower-case names) from every window: the
+        alarms are judged again over the providers that remain."""
+        return sum(r.forget(providers) for shares in self.shares.values()
+                   for r in shares.values())
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
