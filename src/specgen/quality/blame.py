@@ -5,14 +5,16 @@ provider causes".
 `blame(rule, window, routable)` is the one entry point. It reads the fired alarm's window
 (each entry: hit, task, provider, label) and returns a `Blame`:
 
-* `exclude` — the alarm's evidence sits on `suspects`: each has at least `min_own(rule)` of
+* `exclude` — the alarm's evidence sits on `suspects`: each has at least `MIN_OWN` (5) of
   its own answers in the window and, alone, its share passes the alarm's threshold; the other
-  providers together have at least `min_own(rule)` answers and a share on the right side of
+  providers together have at least `MIN_OWN` answers and a share on the right side of
   the threshold by a factor 2 (above-alarms: at most half the threshold; `tool_calls`: at
   least twice it); and the policy still allows a provider once the suspects are out;
 * `wait` — a provider's own share passes the threshold but it, or the others, have fewer
   answers than the rule needs, while the window is still short of twice the alarm's
   `min_samples` (then the evidence decides, or the alarm fires);
+* `unproven` — as `wait`, once the window is that long (or when no other provider answered
+  at all): the alarm fires, naming the providers whose share passes;
 * `none_left` — the suspects are the cause, but no provider the policy allows would remain;
 * `spread` — the cause is not one provider's: every provider with answers enough shows it, or
   the others' share is not clearly clean, or no provider passes the threshold alone.
@@ -20,7 +22,6 @@ provider causes".
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,17 +33,11 @@ from .observe import UNKNOWN
 # repetition loop is the model's and the sampling's, which every provider shares.
 PROVIDER_CAUSED = frozenset({"raw_markers", "tool_calls", "schema_mismatch", "count_mismatch",
                              "quarantine", "unverifiable", "empty", "length"})
-MIN_OWN = 5  # own answers in the window a provider (and the others) needs at least
+MIN_OWN = 5  # own answers in the window a suspect, and the others together, need at least
 CLEAN_FACTOR = 2.0  # the others' share is this far on the right side of the threshold
 
-Verdict = Literal["exclude", "wait", "none_left", "spread"]
+Verdict = Literal["exclude", "wait", "unproven", "none_left", "spread"]
 Entry = tuple[bool, int, str, "str | None"]
-
-
-def min_own(rule: AlarmRule) -> int:
-    """A provider's own answers the rule needs: a quarter of the alarm's min_samples, at
-    least MIN_OWN (5 for the defaults' 20, 13 for `tool_calls`' 50)."""
-    return max(MIN_OWN, math.ceil(rule.min_samples / 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +96,10 @@ class Blame:
         if self.verdict == "none_left":
             return (f"caused by provider {names} ({self.evidence()}), but excluding it "
                     f"leaves no provider the policy allows")
-        if self.verdict == "wait":
-            return f"too few answers yet to tell whose it is ({self.evidence()})"
-        return (f"not one provider's: {self.evidence()}" if len(self.by_provider) > 1
-                else f"from one provider only ({self.evidence()}): no other to compare")
+        if self.verdict in ("wait", "unproven"):
+            return (f"whose it is cannot be told yet: too few answers of the other providers "
+                    f"to compare ({self.evidence()})")
+        return f"not one provider's: {self.evidence()}"
 
     def to_json(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "providers": list(self.providers),
@@ -128,7 +123,7 @@ def blame(rule: AlarmRule, window: Iterable[Entry],
         n += 1
     shares = tuple(sorted((Share(p, h, a) for p, (h, a) in counts.items()),
                           key=lambda s: (-s.answers, s.provider)))
-    need = min_own(rule)
+    need = MIN_OWN
     passing = [s for s in shares if s.provider != UNKNOWN and s.passes(rule)]
     suspects = tuple(s for s in passing if s.answers >= need)
     rest = [s for s in shares if s not in suspects]
@@ -138,9 +133,10 @@ def blame(rule: AlarmRule, window: Iterable[Entry],
     if not passing:
         return Blame("spread", **made)
     if not suspects or others.answers < need:
-        if short and (others.answers or len(suspects) < len(passing)):
-            return Blame("wait", **made)
-        return Blame("spread", **made)
+        if not others.answers and len(suspects) == len(passing):
+            # every provider that answered shows it; or one answered: none to compare
+            return Blame("spread" if len(suspects) > 1 else "unproven", **made)
+        return Blame("wait" if short else "unproven", **made)
     if not others.clean(rule):
         return Blame("wait" if short and len(suspects) < len(passing) else "spread", **made)
     if not routable(tuple(s.provider for s in suspects)):

@@ -12,7 +12,7 @@ from typing import Any
 
 from .alarms import Alarm, DatasetAlarms, alarm_rules
 from .blame import PROVIDER_CAUSED, Blame, blame
-from .observe import Observation
+from .observe import UNKNOWN, Observation
 from .policing import Exclusion, ProviderPolicing
 
 Decision = Exclusion | Alarm
@@ -33,11 +33,19 @@ class QualityMonitor:
         self.policing = ProviderPolicing(cfg)
         self.alarms = DatasetAlarms(alarm_rules(cfg.alarms), cfg.window)
 
+    @property
+    def gone(self) -> set[str]:
+        """The providers excluded this session, lower-case."""
+        return {p.lower() for p in self.policing.excluded}
+
     def observe(self, obs: Observation) -> list[Decision]:
         out: list[Decision] = []
+        gone = obs.provider.lower() in self.gone  # (the engine rejects its answers)
         exclusion = self.policing.observe(obs)
         if exclusion is not None:
             out.append(exclusion)
+        if gone:
+            return out  # an answer of a provider excluded before it counts for no alarm
         alarm = self.alarms.observe(obs)
         if alarm is not None:
             out += self._blamed(alarm)
@@ -74,10 +82,12 @@ class QualityMonitor:
 
     def _commands(self, b: Blame) -> str:
         """The exact command that excludes each provider the alarm is blamed on."""
-        if b.verdict not in ("exclude", "wait"):
+        if b.verdict not in ("exclude", "wait", "unproven"):
             return ""
-        names = b.providers or tuple(s.provider for s in b.by_provider
-                                     if s.passes(b.rule) and s.answers)
+        names = b.providers if b.verdict == "exclude" else tuple(
+            s.provider for s in b.by_provider if s.provider != UNKNOWN and s.passes(b.rule))
+        if b.verdict != "exclude" and not (names and self.routable(names)):
+            return ""
         where = shlex.quote(self.run_dir)
         cmds = " and ".join(f"`specgen provider {where} --exclude {shlex.quote(n)}`"
                             for n in names)
