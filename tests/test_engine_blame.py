@@ -13,10 +13,8 @@ from http.server import BaseHTTPRequestHandler
 import pyarrow.parquet as pq
 
 from specgen.engine.outcome import EXIT_OK, EXIT_STOPPED
+from test_engine_quality import SIM, specgen, tool_prompts
 from test_engine_support import (
-    ENV,
-    SPECGEN,
-    WEATHER_TOOL,
     SimProcess,
     count,
     run_cli,
@@ -26,25 +24,21 @@ from test_engine_support import (
     write_jsonl,
 )
 
-SIM = """
-[length]
-distribution = "fixed"
-tokens = 40
-[tool_calls]
-rate = 1.0
-max_parallel = 1
-"""
 TASKS = 40
+AUTO = "[quality]\nauto_exclude = true\n"  # every other setting at its default
 
 
-def tool_prompts(n: int) -> list[dict]:
-    return [{"id": f"w{i}", "tools": [WEATHER_TOOL], "messages": [
-        {"role": "user", "content": f"What is the weather in city {i}?"}]} for i in range(n)]
-
-
-def specgen(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGEN, *args], capture_output=True, text=True, timeout=120,
-                          env=ENV)
+def sim_run(tmp_path, providers: str, rows: int) -> subprocess.CompletedProcess:
+    """`specgen run` over `rows` tool prompts against a simulator of these providers (every
+    answer that can call a tool calls one), `auto_exclude` on."""
+    sim = SimProcess(tmp_path, SIM.replace("rate = 0.7", "rate = 1.0") + providers)
+    try:
+        write_jsonl(tmp_path / "w.jsonl", tool_prompts(rows))
+        path = write_config(tmp_path, sim.url, [{"name": "tools", "path": "w.jsonl"}],
+                            endpoint="concurrency = 4\n", extra=AUTO)
+        return run_cli(path)
+    finally:
+        sim.stop()
 
 
 def events(run_dir, kind: str) -> list[tuple]:
@@ -99,32 +93,16 @@ def check_excluded_and_finished(out: subprocess.CompletedProcess, run_dir) -> No
 
 
 def test_a_provider_sending_raw_markers_is_excluded_and_the_run_finishes_on_the_sim(tmp_path):
-    sim = SimProcess(tmp_path, SIM + '[[providers]]\nname = "Good"\ntag = "good/fp8"\n'
-                                     '[[providers]]\nname = "Bad"\ntag = "bad/fp8"\n'
-                                     'quirks = { tool_calls_as_text = 0.8 }\n')
-    try:
-        write_jsonl(tmp_path / "w.jsonl", tool_prompts(TASKS))
-        path = write_config(tmp_path, sim.url, [{"name": "tools", "path": "w.jsonl"}],
-                            endpoint="concurrency = 4\n",
-                            extra="[quality]\nauto_exclude = true\n")
-        out = run_cli(path)
-    finally:
-        sim.stop()
+    out = sim_run(tmp_path, '[[providers]]\nname = "Good"\ntag = "good/fp8"\n'
+                            '[[providers]]\nname = "Bad"\ntag = "bad/fp8"\n'
+                            'quirks = { tool_calls_as_text = 0.8 }\n', TASKS)
     check_excluded_and_finished(out, tmp_path / "run-dir")
 
 
 def test_a_fault_every_provider_shares_still_stops_the_run_in_its_first_answers(tmp_path):
     # the stack ignores `tools` on every provider: no provider is the cause, none excluded
-    sim = SimProcess(tmp_path, SIM + '[[providers]]\nname = "A"\nquirks = { tools_ignored = 1.0 }\n'
-                                     '[[providers]]\nname = "B"\nquirks = { tools_ignored = 1.0 }\n')
-    try:
-        write_jsonl(tmp_path / "w.jsonl", tool_prompts(300))
-        path = write_config(tmp_path, sim.url, [{"name": "tools", "path": "w.jsonl"}],
-                            endpoint="concurrency = 4\n",
-                            extra="[quality]\nauto_exclude = true\n")
-        out = run_cli(path)
-    finally:
-        sim.stop()
+    out = sim_run(tmp_path, "".join(f'[[providers]]\nname = "{p}"\n'
+                                    'quirks = { tools_ignored = 1.0 }\n' for p in "AB"), 300)
     run_dir = tmp_path / "run-dir"
     assert out.returncode == EXIT_STOPPED, out.stderr[-3000:]
     assert not events(run_dir, "provider_excluded")
@@ -199,7 +177,7 @@ def test_a_provider_sending_raw_markers_is_excluded_against_an_independent_serve
         path = write_config(tmp_path, url, [{"name": "tools", "path": "w.jsonl"}],
                             endpoint='concurrency = 4\nstream = false\ndialect = "openrouter"\n'
                                      "fetch_endpoints = true\n",
-                            extra="[quality]\nauto_exclude = true\n")
+                            extra=AUTO)
         out = run_cli(path)
     finally:
         server.shutdown()
