@@ -124,7 +124,8 @@ def test_one_provider_alone_is_not_blamed():
     m = monitor()
     out = feed(m, (answer("raw_markers", "Deaf", i, True) for i in range(20)))
     assert [type(d) for d in out] == [Alarm]
-    assert "too few answers of the other providers" in out[0].message
+    assert "one provider answered (Deaf 100% of its 20): none to compare it with" \
+        in out[0].message
     assert "--exclude Deaf" in out[0].message  # (no endpoint list: it may route elsewhere)
 
 
@@ -160,7 +161,10 @@ def test_waiting_ends_at_twice_the_alarms_min_samples():
     stream += [answer("raw_markers", "Bad", 2 + i, True) for i in range(37)]
     assert feed(m, stream) == []  # Good's 2 answers are too few to tell: wait
     out = m.observe(answer("raw_markers", "Bad", 99, True))  # the 40th answer: no more wait
-    assert [type(d) for d in out] == [Alarm]
+    assert [type(d) for d in out] == [Alarm] and out[0].blame["verdict"] == "unproven"
+    assert "too few answers of the other providers to compare (Bad 100% of its 38, Good 0% " \
+        "of its 2)" in out[0].message
+    assert "`specgen provider RUN_DIR --exclude Bad` excludes it" in out[0].message
 
 
 @pytest.mark.parametrize("name", sorted(PROVIDER_CAUSED - {"tool_calls"}))

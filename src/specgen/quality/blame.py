@@ -96,6 +96,8 @@ class Blame:
         if self.verdict == "none_left":
             return (f"caused by provider {names} ({self.evidence()}), but excluding it "
                     f"leaves no provider the policy allows")
+        if len(self.by_provider) == 1:
+            return f"one provider answered ({self.evidence()}): none to compare it with"
         if self.verdict in ("wait", "unproven"):
             return (f"whose it is cannot be told yet: too few answers of the other providers "
                     f"to compare ({self.evidence()})")
