@@ -251,3 +251,14 @@ def test_the_policy_knows_whether_a_provider_would_remain():
     assert policy.routable_without(["Bad"])
     assert not policy.routable_without(["Bad", "Good"])
     assert ProviderPolicy({}, []).routable_without(["Bad"])  # no list: the answers tell
+
+
+def test_waiting_never_outlasts_a_full_window():
+    cfg = QualityConfig(auto_exclude=True, window=30,
+                        alarms={n: False for n in ALARMS if n != "raw_markers"})
+    m = QualityMonitor(cfg)
+    stream = [answer("raw_markers", "Good", i, False) for i in range(2)]
+    stream += [answer("raw_markers", "Bad", 2 + i, True) for i in range(27)]
+    assert feed(m, stream) == []
+    out = m.observe(answer("raw_markers", "Bad", 99, True))  # 30 answers: the window is full
+    assert [type(d) for d in out] == [Alarm] and out[0].blame["verdict"] == "unproven"

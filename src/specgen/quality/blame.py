@@ -112,10 +112,11 @@ class Blame:
                            "figure": round(self.others.figure(self.rule), 4)}}
 
 
-def blame(rule: AlarmRule, window: Iterable[Entry],
+def blame(rule: AlarmRule, window: Iterable[Entry], capacity: int | None = None,
           routable: Callable[[Collection[str]], bool] = lambda _names: True) -> Blame:
-    """The rule's verdict on an alarm fired over `window` (its entries, oldest first).
-    `routable(names)`: whether a provider the policy allows remains once `names` are out."""
+    """The rule's verdict on an alarm fired over `window` (its entries, oldest first; it
+    holds at most `capacity`, so `wait` never outlasts a full window). `routable(names)`:
+    whether a provider the policy allows remains once `names` are out."""
     counts: dict[str, list[int]] = {}
     n = 0
     for hit, _task, provider, _label in window:
@@ -131,7 +132,7 @@ def blame(rule: AlarmRule, window: Iterable[Entry],
     rest = [s for s in shares if s not in suspects]
     others = Share("(others)", sum(s.hits for s in rest), sum(s.answers for s in rest))
     made = dict(rule=rule, suspects=suspects, others=others, by_provider=shares)
-    short = n < min(2 * rule.min_samples, _capacity(window, n))
+    short = n < min(2 * rule.min_samples, capacity or n + 1)
     if not passing:
         return Blame("spread", **made)
     if not suspects or others.answers < need:
@@ -145,7 +146,3 @@ def blame(rule: AlarmRule, window: Iterable[Entry],
         return Blame("none_left", **made)
     return Blame("exclude", **made)
 
-
-def _capacity(window: Iterable[Entry], n: int) -> int:
-    """The window's size (a deque's maxlen), so `wait` never outlasts a full window."""
-    return getattr(window, "maxlen", None) or n + 1

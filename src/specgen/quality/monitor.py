@@ -57,8 +57,8 @@ class QualityMonitor:
         yet (the rule waits for answers); else the alarm, naming whose fault it is."""
         if alarm.name not in PROVIDER_CAUSED:
             return [alarm]
-        b = blame(alarm.rule, self.alarms.window_of(alarm.dataset, alarm.name).recent,
-                  self.routable)
+        window = self.alarms.window_of(alarm.dataset, alarm.name).recent
+        b = blame(alarm.rule, window, window.maxlen, self.routable)
         if self.cfg.auto_exclude and b.verdict in ("exclude", "wait"):
             self.alarms.rearm(alarm.dataset, alarm.name)
             if b.verdict == "wait":
