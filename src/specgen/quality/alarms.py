@@ -139,10 +139,16 @@ class Alarm:
                 f"last {self.samples} {r.what} ({sign} {100 * r.threshold:g}% after "
                 f"{r.min_samples})" + (f" [{why}]" if why else "")
                 + (f"; examples: {ex}" if ex else "")
-                + (f"; {self.cause}" if self.cause else "") + f"; to fix: {self.fix}")
+                + (f"; {self.cause}" if self.cause else "") + f"; to fix: {self._fix}")
 
     @property
     def fix(self) -> str:
+        """What to change (kept with a fired alarm, shown while it stands): whose fault it
+        is first, when the rule could tell."""
+        return (f"{self.cause}; " if self.cause else "") + self._fix
+
+    @property
+    def _fix(self) -> str:
         return (f"{FIXES.get(self.rule.name, 'see docs/quality.md')}; or rerun with "
                 f"`--ack-alarm {self.rule.name}` to go on as it is")
 

@@ -91,8 +91,10 @@ class Blame:
         """What the message says of the cause."""
         names = ", ".join(repr(p) for p in self.providers)
         if self.verdict == "exclude":
-            return (f"caused by provider {names} ({self.evidence()}; the others "
-                    f"{100 * self.others.figure(self.rule):.0f}% of {self.others.answers})")
+            mine = ", ".join(s.text(self.rule) for s in self.suspects)
+            return (f"caused by provider {names} ({mine} answers, against "
+                    f"{100 * self.others.figure(self.rule):.0f}% of the other providers' "
+                    f"{self.others.answers})")
         if self.verdict == "none_left":
             return (f"caused by provider {names} ({self.evidence()}), but excluding it "
                     f"leaves no provider the policy allows")
