@@ -264,3 +264,15 @@ def test_waiting_never_outlasts_a_full_window():
     assert feed(m, stream) == []
     out = m.observe(answer("raw_markers", "Bad", 99, True))  # 30 answers: the window is full
     assert [type(d) for d in out] == [Alarm] and out[0].blame["verdict"] == "unproven"
+
+
+def test_an_alarm_that_waits_does_not_hold_back_the_others():
+    # raw_markers waits (Good has 2 answers); repetition is no provider's: it fires at once
+    cfg = QualityConfig(auto_exclude=True, alarms={
+        n: False for n in ALARMS if n not in ("raw_markers", "repetition")})
+    m = QualityMonitor(cfg)
+    stream = [obs("Good", i, repetition=True) for i in range(2)]
+    stream += [obs("Bad", 2 + i, repetition=True, raw_markers=True) for i in range(18)]
+    out = feed(m, stream)
+    assert [(type(d), d.name) for d in out] == [(Alarm, "repetition")]
+    assert m.alarms.fired["d"] == ["repetition"]  # raw_markers re-armed: still waiting

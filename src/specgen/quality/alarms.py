@@ -8,6 +8,7 @@ point: it counts an answer and returns an `Alarm` the first time one fires for i
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,27 +212,38 @@ class DatasetAlarms:
 
     def observe(self, o: Observation) -> Alarm | None:
         """Count one answer of its dataset; the first alarm that fires, if any."""
+        self.count(o)
+        return self.judge(o.dataset)
+
+    def count(self, o: Observation) -> None:
+        """Count one answer in the windows of the alarms it is relevant to."""
         if not self.rules:
-            return None
+            return
         shares = self.shares.get(o.dataset)
         if shares is None:
             shares = self.shares[o.dataset] = {n: Rolling(self.window) for n in self.rules}
-        fired = self.fired.setdefault(o.dataset, [])
-        found = None
-        for name, rule in self.rules.items():
+        for name in self.rules:
             hit = _relevant(name, o)
-            if hit is None:
-                continue
-            rolling = shares[name]
-            rolling.add(hit, o.task, o.provider, (o.reason or _label(o)) if hit else None)
-            if found is not None or name in fired or rolling.n < rule.min_samples:
+            if hit is not None:
+                shares[name].add(hit, o.task, o.provider,
+                                 (o.reason or _label(o)) if hit else None)
+
+    def judge(self, dataset: str, skip: Collection[str] = ()) -> Alarm | None:
+        """The first alarm of the dataset (in `ALARMS` order, not fired yet nor in `skip`)
+        whose window passes its threshold: marked fired and returned."""
+        shares = self.shares.get(dataset) or {}
+        fired = self.fired.setdefault(dataset, [])
+        for name, rule in self.rules.items():
+            rolling = shares.get(name)
+            if (rolling is None or name in fired or name in skip
+                    or rolling.n < rule.min_samples):
                 continue
             share = 1.0 - rolling.share if rule.below else rolling.share
             if (share < rule.threshold) if rule.below else (share > rule.threshold):
                 fired.append(name)
-                found = Alarm(o.dataset, rule, share, rolling.n, rolling.examples(),
-                              rolling.window_labels())
-        return found
+                return Alarm(dataset, rule, share, rolling.n, rolling.examples(),
+                             rolling.window_labels())
+        return None
 
     def window_of(self, dataset: str, name: str) -> Rolling:
         """An alarm's rolling window on a dataset (empty when it saw no answer)."""

@@ -2,7 +2,7 @@
 goes on) from one every provider shares (the alarm stands). docs/quality.md, "An alarm one
 provider causes".
 
-`blame(rule, window, routable)` is the one entry point. It reads the fired alarm's window
+`blame(rule, window, capacity, routable)` is the one entry point. It reads the fired alarm's window
 (each entry: hit, task, provider, label) and returns a `Blame`:
 
 * `exclude` — the alarm's evidence sits on `suspects`: each has at least `MIN_OWN` (5) of
@@ -147,4 +147,3 @@ def blame(rule: AlarmRule, window: Iterable[Entry], capacity: int | None = None,
     if not routable(tuple(s.provider for s in suspects)):
         return Blame("none_left", **made)
     return Blame("exclude", **made)
-

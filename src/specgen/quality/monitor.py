@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from .alarms import Alarm, DatasetAlarms, alarm_rules
-from .blame import PROVIDER_CAUSED, Blame, blame
+from .blame import PROVIDER_CAUSED, Blame, Share, blame
 from .observe import UNKNOWN, Observation
 from .policing import Exclusion, ProviderPolicing
 
@@ -46,15 +46,22 @@ class QualityMonitor:
             out.append(exclusion)
         if gone:
             return out  # an answer of a provider excluded before it counts for no alarm
-        alarm = self.alarms.observe(obs)
-        if alarm is not None:
-            out += self._blamed(alarm)
+        self.alarms.count(obs)
+        # An alarm that waits for answers, or that an exclusion answered, leaves the others
+        # to be judged (over the windows that remain); one alarm fires per answer at most.
+        waiting: set[str] = set()
+        while (alarm := self.alarms.judge(obs.dataset, waiting)) is not None:
+            decided = self._blamed(alarm, waiting)
+            out += decided
+            if any(isinstance(d, Alarm) for d in decided):
+                break
         return out
 
-    def _blamed(self, alarm: Alarm) -> list[Decision]:
+    def _blamed(self, alarm: Alarm, waiting: set[str]) -> list[Decision]:
         """A fired alarm as the blame rule has it: with `auto_exclude`, the exclusion of the
-        providers that cause it (the alarm re-armed over the others' answers) or nothing
-        yet (the rule waits for answers); else the alarm, naming whose fault it is."""
+        providers that cause it (their answers leave every window, and the alarm is re-armed
+        over the others') or nothing yet (re-armed: the rule waits for answers); else the
+        alarm, naming whose fault it is."""
         if alarm.name not in PROVIDER_CAUSED:
             return [alarm]
         window = self.alarms.window_of(alarm.dataset, alarm.name).recent
@@ -62,20 +69,20 @@ class QualityMonitor:
         if self.cfg.auto_exclude and b.verdict in ("exclude", "wait"):
             self.alarms.rearm(alarm.dataset, alarm.name)
             if b.verdict == "wait":
+                waiting.add(alarm.name)
                 return []
-            out: list[Decision] = [self._exclusion(alarm, b, s.provider) for s in b.suspects]
+            out: list[Decision] = [self._exclusion(alarm, b, s) for s in b.suspects]
             self.excluded(b.providers)
             return out
         alarm.cause = b.cause() + self._commands(b)
         alarm.blame = b.to_json()
         return [alarm]
 
-    def _exclusion(self, alarm: Alarm, b: Blame, provider: str) -> Exclusion:
-        s = next(s for s in b.suspects if s.provider == provider)
+    def _exclusion(self, alarm: Alarm, b: Blame, s: Share) -> Exclusion:
         r = alarm.rule
         return Exclusion(
-            provider, f"alarm:{r.name}", s.figure(r), r.threshold, s.answers,
-            [e for e in alarm.examples if e["provider"] == provider],
+            s.provider, f"alarm:{r.name}", s.figure(r), r.threshold, s.answers,
+            [e for e in alarm.examples if e["provider"] == s.provider],
             alarm={"alarm": r.name, "dataset": alarm.dataset, "share": round(alarm.share, 4),
                    "samples": alarm.samples, "below": r.below, "what": r.what,
                    "others": b.to_json()["others"]})
