@@ -205,7 +205,8 @@ def test_without_auto_exclude_the_alarm_names_the_provider_and_the_command():
     msg = out[0].message
     assert "caused by provider 'Bad' (" in msg and "answers, against 0% of the other " \
         "providers' 10): `specgen" in msg
-    assert out[0].fix.startswith("caused by provider 'Bad' (")  # what a standing alarm shows
+    assert out[0].fix.startswith("`specgen provider '/runs/my run' --exclude Bad` excludes "
+                                 "it")  # what a standing alarm shows
     assert "`specgen provider '/runs/my run' --exclude Bad` excludes it" in msg
     assert "`[quality] auto_exclude = true` does it itself" in msg
     assert msg.index("caused by") < msg.index("; to fix:")

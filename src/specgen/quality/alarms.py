@@ -121,10 +121,11 @@ class Alarm:
     samples: int
     examples: list[dict[str, Any]] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
-    # whose fault it is (quality.blame), in words with the command that acts on it, and as
-    # figures; None for an alarm no provider can cause
+    # whose fault it is (quality.blame), in words and as figures (None for an alarm no
+    # provider can cause), and the command that excludes the provider it is blamed on
     cause: str | None = None
     blame: dict[str, Any] | None = None
+    remedy: str | None = None
 
     @property
     def name(self) -> str:
@@ -140,13 +141,14 @@ class Alarm:
                 f"last {self.samples} {r.what} ({sign} {100 * r.threshold:g}% after "
                 f"{r.min_samples})" + (f" [{why}]" if why else "")
                 + (f"; examples: {ex}" if ex else "")
-                + (f"; {self.cause}" if self.cause else "") + f"; to fix: {self._fix}")
+                + (f"; {self.cause}" if self.cause else "")
+                + (f": {self.remedy}" if self.remedy else "") + f"; to fix: {self._fix}")
 
     @property
     def fix(self) -> str:
-        """What to change (kept with a fired alarm, shown while it stands): whose fault it
-        is first, when the rule could tell."""
-        return (f"{self.cause}; " if self.cause else "") + self._fix
+        """What to change (kept with a fired alarm, shown while it stands): the command
+        that excludes the provider it is blamed on first, when there is one."""
+        return (f"{self.remedy}; " if self.remedy else "") + self._fix
 
     @property
     def _fix(self) -> str:

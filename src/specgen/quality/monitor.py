@@ -74,8 +74,7 @@ class QualityMonitor:
             out: list[Decision] = [self._exclusion(alarm, b, s) for s in b.suspects]
             self.excluded(b.providers)
             return out
-        alarm.cause = b.cause() + self._commands(b)
-        alarm.blame = b.to_json()
+        alarm.cause, alarm.remedy, alarm.blame = b.cause(), self._remedy(b), b.to_json()
         return [alarm]
 
     def _exclusion(self, alarm: Alarm, b: Blame, s: Share) -> Exclusion:
@@ -87,22 +86,19 @@ class QualityMonitor:
                    "samples": alarm.samples, "below": r.below, "what": r.what,
                    "others": b.to_json()["others"]})
 
-    def _commands(self, b: Blame) -> str:
+    def _remedy(self, b: Blame) -> str | None:
         """The exact command that excludes each provider the alarm is blamed on."""
         if b.verdict not in ("exclude", "wait", "unproven"):
-            return ""
+            return None
         names = b.providers if b.verdict == "exclude" else tuple(
             s.provider for s in b.by_provider if s.provider != UNKNOWN and s.passes(b.rule))
-        if b.verdict != "exclude" and not (names and self.routable(names)):
-            return ""
+        if not names or (b.verdict != "exclude" and not self.routable(names)):
+            return None
         where = shlex.quote(self.run_dir)
         cmds = " and ".join(f"`specgen provider {where} --exclude {shlex.quote(n)}`"
                             for n in names)
-        if not cmds:
-            return ""
-        return (f": {cmds} excludes it" + ("" if self.cfg.auto_exclude else
-                                            " (`[quality] auto_exclude = true` does it "
-                                            "itself)"))
+        return f"{cmds} excludes it" + ("" if self.cfg.auto_exclude else
+                                        " (`[quality] auto_exclude = true` does it itself)")
 
     def excluded(self, providers: Collection[str]) -> None:
         """Providers left out of the run (by the blame rule, the policing, or by hand): the
