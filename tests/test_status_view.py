@@ -99,10 +99,13 @@ def test_live_view_shows_quality_figures_exclusions_and_alarms(finished_run):
                                         calls=True, count_check="exact"))
         eng.stats.provider("Moonshot AI").requests += 1
     eng.policy.exclude("Sloppy", {"by": "auto", "reason": "schema accuracy 40% < 90%"})
+    eng.policy.exclude("Deaf", {"by": "auto", "reason": "provider 'Deaf' excluded by alarm "
+                                "raw_markers on dataset 'a' (…)",
+                                "figures": {"metric": "alarm:raw_markers"}})
     eng.alarms_fired.append({"alarm": "raw_markers", "dataset": "a", "share": 0.7,
                              "samples": 20, "action": "stop"})
     line = progress_line(eng)
-    assert "excluded Sloppy" in line and "ALARM raw_markers@a" in line
+    assert "excluded Sloppy,Deaf (alarm raw_markers)" in line and "ALARM raw_markers@a" in line
     buf = io.StringIO()
     view = LiveView(eng, console=Console(file=buf, force_terminal=True, width=220))
     with view:
@@ -110,6 +113,7 @@ def test_live_view_shows_quality_figures_exclusions_and_alarms(finished_run):
     text = buf.getvalue()
     assert "schema 100% counts 100% other quar. 0% mism. 0%" in text
     assert "excluded provider Sloppy (auto): schema accuracy 40% < 90%" in text
+    assert "excluded provider Deaf (auto): provider 'Deaf' excluded by alarm raw_markers" in text
     assert "ALARM raw_markers on a: 70% of 20 (stop)" in text
     assert eng.live_figures()["excluded_providers"]["Sloppy"]["by"] == "auto"
 

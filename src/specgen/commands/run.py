@@ -112,6 +112,10 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
 
     run_dir = os.path.normpath(status["run_dir"])
     print(f"  total cost ${status['cost_usd']:.4f}; store {run_dir}/state.sqlite")
+    for name, info in (status.get("excluded_providers") or {}).items():
+        print(f"  excluded provider {name} ({info.get('by', '?')}): {info.get('reason', '')}; "
+              f"its samples are left out of exports; `specgen provider {run_dir} --allow "
+              f"{name}` puts it back")
     if status.get("batches"):
         from ..batch_queries import batch_summary_line
 

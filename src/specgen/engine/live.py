@@ -108,7 +108,8 @@ def progress_line(engine: Engine) -> str:
     if engine.batch is not None:
         parts.append(engine.batch.progress_text())
     if s["excluded"]:
-        parts.append("excluded " + ",".join(s["excluded"]))
+        parts.append("excluded " + ",".join(name + _why(info)
+                                            for name, info in s["excluded"].items()))
     if s["alarms"]:
         parts.append("ALARM " + ",".join(f"{a['alarm']}@{a['dataset']}" for a in s["alarms"]))
     if s["store_problem"]:
@@ -116,6 +117,12 @@ def progress_line(engine: Engine) -> str:
         parts.append(f"STORE: {sp['message']}: {sp['held_answers']} answers held; free space "
                      "or press Ctrl-C")
     return " | ".join(parts)
+
+
+def _why(info: dict[str, Any]) -> str:
+    """` (alarm raw_markers)` when an alarm excluded the provider (quality.blame)."""
+    metric = str((info.get("figures") or {}).get("metric") or "")
+    return f" ({metric.replace(':', ' ', 1)})" if metric.startswith("alarm:") else ""
 
 
 class LiveView:

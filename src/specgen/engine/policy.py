@@ -189,6 +189,15 @@ class ProviderPolicy:
         return [ep for ep in self.endpoints
                 if key in (_norm(ep.provider_name), _norm(ep.base_slug), _norm(ep.tag))]
 
+    def routable_without(self, names: Iterable[str]) -> bool:
+        """Whether an endpoint the policy allows remains once `names` (as answers name their
+        providers) are excluded too. Without an endpoint list: yes (the answers of other
+        providers, which the blame rule asks for, show there are some)."""
+        if not self.endpoints:
+            return True
+        gone = [ep for n in names for ep in self.endpoints_of(n)]
+        return any(ep not in gone for ep in self.allowed_endpoints())
+
     def allowed_endpoints(self) -> list[Endpoint]:
         return [ep for ep in self.endpoints if self.endpoint_allowed(ep)]
 

@@ -81,7 +81,9 @@ class Engine:
         self.retry_policy = RetryPolicy(ep, retry_after_cap=eng.retry_after_cap,
                                         shrink_max_tokens=cfg.budget.shrink_max_tokens)
         self.witness = CountWitness()
-        self.quality = QualityMonitor(cfg.quality)  # policing and alarms (they decide)
+        # policing and alarms (they decide; quality.blame: whose fault an alarm is)
+        self.quality = QualityMonitor(cfg.quality, run_dir=str(self.run_dir),
+                                      routable=policy.routable_without)
         self.threaded_commits = threaded_commits
         # exclusions reach the API as provider.ignore (OpenRouter's routing, the simulator's)
         self.routes_providers = (not self.tokens_mode

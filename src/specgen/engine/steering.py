@@ -88,7 +88,7 @@ class Steering:
         if figures:
             info["figures"] = figures
         self.policy.exclude(name, info)
-        self.monitor.policing.mark(name, True)
+        self.monitor.excluded([name])  # the alarms go on over the providers that remain
         self.writer.batch.meta[META_KEY] = encode_excluded(self.policy.excluded)
         self.events.add("provider_excluded", None, name, reason)
         log.warning("%s; `specgen provider %s --allow %s` puts it back", reason,

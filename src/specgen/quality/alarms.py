@@ -8,6 +8,7 @@ point: it counts an answer and returns an `Alarm` the first time one fires for i
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +128,11 @@ class Alarm:
     samples: int
     examples: list[dict[str, Any]] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
+    # whose fault it is (quality.blame), in words and as figures (None for an alarm no
+    # provider can cause), and the command that excludes the provider it is blamed on
+    cause: str | None = None
+    blame: dict[str, Any] | None = None
+    remedy: str | None = None
 
     @property
     def name(self) -> str:
@@ -141,10 +147,18 @@ class Alarm:
         return (f"alarm {r.name} on dataset {self.dataset!r}: {100 * self.share:.0f}% of the "
                 f"last {self.samples} {r.what} ({sign} {100 * r.threshold:g}% after "
                 f"{r.min_samples})" + (f" [{why}]" if why else "")
-                + (f"; examples: {ex}" if ex else "") + f"; to fix: {self.fix}")
+                + (f"; examples: {ex}" if ex else "")
+                + (f"; {self.cause}" if self.cause else "")
+                + (f": {self.remedy}" if self.remedy else "") + f"; to fix: {self._fix}")
 
     @property
     def fix(self) -> str:
+        """What to change (kept with a fired alarm, shown while it stands): the command
+        that excludes the provider it is blamed on first, when there is one."""
+        return (f"{self.remedy}; " if self.remedy else "") + self._fix
+
+    @property
+    def _fix(self) -> str:
         return (f"{FIXES.get(self.rule.name, 'see docs/quality.md')}; or rerun with "
                 f"`--ack-alarm {self.rule.name}` to go on as it is")
 
@@ -153,7 +167,7 @@ class Alarm:
         return {"alarm": r.name, "dataset": self.dataset, "share": round(self.share, 4),
                 "samples": self.samples, "threshold": r.threshold, "below": r.below,
                 "min_samples": r.min_samples, "examples": self.examples,
-                "reasons": self.reasons}
+                "reasons": self.reasons, **({"blame": self.blame} if self.blame else {})}
 
 
 def _relevant(name: str, o: Observation) -> bool | None:
@@ -209,27 +223,55 @@ class DatasetAlarms:
 
     def observe(self, o: Observation) -> Alarm | None:
         """Count one answer of its dataset; the first alarm that fires, if any."""
+        self.count(o)
+        return self.judge(o.dataset)
+
+    def count(self, o: Observation) -> None:
+        """Count one answer in the windows of the alarms it is relevant to."""
         if not self.rules:
-            return None
+            return
         shares = self.shares.get(o.dataset)
         if shares is None:
             shares = self.shares[o.dataset] = {n: Rolling(self.window) for n in self.rules}
-        fired = self.fired.setdefault(o.dataset, [])
-        found = None
-        for name, rule in self.rules.items():
+        for name in self.rules:
             hit = _relevant(name, o)
-            if hit is None:
-                continue
-            rolling = shares[name]
-            rolling.add(hit, o.task, o.provider, (o.reason or _label(o)) if hit else None)
-            if found is not None or name in fired or rolling.n < rule.min_samples:
+            if hit is not None:
+                shares[name].add(hit, o.task, o.provider,
+                                 (o.reason or _label(o)) if hit else None)
+
+    def judge(self, dataset: str, skip: Collection[str] = ()) -> Alarm | None:
+        """The first alarm of the dataset (in `ALARMS` order, not fired yet nor in `skip`)
+        whose window passes its threshold: marked fired and returned."""
+        shares = self.shares.get(dataset) or {}
+        fired = self.fired.setdefault(dataset, [])
+        for name, rule in self.rules.items():
+            rolling = shares.get(name)
+            if (rolling is None or name in fired or name in skip
+                    or rolling.n < rule.min_samples):
                 continue
             share = 1.0 - rolling.share if rule.below else rolling.share
             if (share < rule.threshold) if rule.below else (share > rule.threshold):
                 fired.append(name)
-                found = Alarm(o.dataset, rule, share, rolling.n, rolling.examples(),
-                              rolling.window_labels())
-        return found
+                return Alarm(dataset, rule, share, rolling.n, rolling.examples(),
+                             rolling.window_labels())
+        return None
+
+    def window_of(self, dataset: str, name: str) -> Rolling:
+        """An alarm's rolling window on a dataset (empty when it saw no answer)."""
+        return self.shares.get(dataset, {}).get(name) or Rolling(self.window)
+
+    def rearm(self, dataset: str, name: str) -> None:
+        """The alarm may fire again on this dataset (its cause went with an excluded
+        provider, or the rule waits for more answers)."""
+        fired = self.fired.get(dataset)
+        if fired and name in fired:
+            fired.remove(name)
+
+    def forget(self, providers: set[str]) -> int:
+        """Drop the answers of `providers` (lower-case names) from every window: the
+        alarms are judged again over the providers that remain."""
+        return sum(r.forget(providers) for shares in self.shares.values()
+                   for r in shares.values())
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -124,6 +124,16 @@ class Rolling:
             if label:
                 self.labels[label] += 1
 
+    def forget(self, providers: set[str]) -> int:
+        """Drop the window's entries of `providers` (names compared case-insensitively), so
+        the share is judged again over the others' answers; the entries dropped."""
+        keep = [e for e in self.recent if e[2].lower() not in providers]
+        dropped = len(self.recent) - len(keep)
+        if dropped:
+            self.recent = deque(keep, maxlen=self.recent.maxlen)
+            self.fails = sum(1 for e in keep if e[0])
+        return dropped
+
     @property
     def n(self) -> int:
         return len(self.recent)

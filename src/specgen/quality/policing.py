@@ -46,9 +46,14 @@ class Exclusion:
     threshold: float
     samples: int  # relevant answers in the window
     examples: list[dict[str, Any]] = field(default_factory=list)
+    # an alarm whose evidence sat on this provider (quality.blame): its name, dataset,
+    # figures and what, in words, it counts; `metric` is then "alarm:<name>"
+    alarm: dict[str, Any] | None = None
 
     @property
     def message(self) -> str:
+        if self.alarm is not None:
+            return self._alarm_message(self.alarm)
         floor, label = METRICS[self.metric][1], METRICS[self.metric][2]
         sign = "<" if floor else ">"
         ex = ", ".join(f"task {e['task']}" for e in self.examples[:3])
@@ -56,10 +61,21 @@ class Exclusion:
                 f"{100 * self.threshold:.0f}% over its last {self.samples} answers"
                 + (f" (e.g. {ex})" if ex else ""))
 
+    def _alarm_message(self, a: dict[str, Any]) -> str:
+        sign = "<" if a["below"] else ">"
+        ex = ", ".join(f"task {e['task']}" for e in self.examples[:3])
+        others = a["others"]
+        return (f"provider {self.provider!r} excluded by alarm {a['alarm']} on dataset "
+                f"{a['dataset']!r} ({100 * a['share']:.0f}% of the last {a['samples']} "
+                f"{a['what']}, {sign} {100 * self.threshold:g}%): {100 * self.value:.0f}% of "
+                f"its {self.samples} answers, against {100 * others['figure']:.0f}% of the "
+                f"other providers' {others['answers']}" + (f" (e.g. {ex})" if ex else ""))
+
     def to_json(self) -> dict[str, Any]:
         return {"provider": self.provider, "metric": self.metric,
                 "value": round(self.value, 4), "threshold": self.threshold,
-                "samples": self.samples, "examples": self.examples}
+                "samples": self.samples, "examples": self.examples,
+                **({"alarm": self.alarm} if self.alarm is not None else {})}
 
 
 class ProviderFigures:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import witness_sides
+from ..exclusions import read_excluded
 from ..queries import conversation_counts, detail_text
 from . import svg
 from .stats import RunStats, percentile
@@ -290,6 +291,18 @@ def _repairs(s: RunStats) -> Section:
     return sec
 
 
+def _exclusion_cause(info: dict[str, Any]) -> str:
+    """What excluded a provider: the alarm (and its dataset), the policing figure, or a
+    user."""
+    fig = info.get("figures") or {}
+    alarm = fig.get("alarm")
+    if isinstance(alarm, dict):
+        return f"alarm {alarm.get('alarm')} on dataset {alarm.get('dataset')}"
+    if fig.get("metric"):
+        return f"policing: {fig['metric']}"
+    return "specgen provider --exclude" if info.get("by") == "user" else "—"
+
+
 def _budget(s: RunStats) -> Section:
     t = s.totals
     budget = t.get("max_cost_usd")
@@ -310,6 +323,13 @@ def _budget(s: RunStats) -> Section:
                             [[str(x["id"]), x["host"], str(x["pid"]), ts(x["started_at"]),
                               ts(x["ended_at"] or x["heartbeat_at"]), x["state"],
                               x["stop_reason"] or "—"] for x in s.sessions]))
+    excluded = read_excluded(s.meta)
+    if excluded:
+        sec.tables.append(Table(
+            "Excluded providers (their samples are left out of exports)",
+            ["provider", "by", "cause", "reason"],
+            [[name, info.get("by", "?"), _exclusion_cause(info), info.get("reason", "")]
+             for name, info in sorted(excluded.items())]))
     if s.recent_events:
         sec.tables.append(Table("Latest events (retries left out)",
                                 ["time", "session", "kind", "dataset", "provider", "detail"],
