@@ -8,13 +8,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-UNKNOWN_PROVIDER = "(unknown)"  # an answer or error that named no provider
+UNKNOWN_PROVIDER = "(unknown)"  # an answer that named no provider
+# attempts that ended before any provider answered (the router's own 429, a timeout, a
+# connection error): no provider to blame, so not a provider row like the others
+NO_PROVIDER = "no provider (never answered)"
+ANSWERED_OUTCOMES = ("ok", "quarantined", "rejected")  # an attempt's outcome, before ":"
 FLOAT_DIGITS = 12  # significant digits JSON floats keep: Unix times keep their milliseconds
 
 
-def provider_label(name: str | None) -> str:
-    """A provider's name, or the one label for answers that named none."""
-    return name or UNKNOWN_PROVIDER
+def provider_label(name: str | None, outcome: str | None = None) -> str:
+    """A provider's name; for an attempt that named none, `UNKNOWN_PROVIDER` when it was
+    answered (its `outcome` ok, quarantined or rejected, or not given) and `NO_PROVIDER` when
+    it ended in an error before any provider answered."""
+    if name:
+        return name
+    if outcome is None or outcome.split(":", 1)[0] in ANSWERED_OUTCOMES:
+        return UNKNOWN_PROVIDER
+    return NO_PROVIDER
 
 
 def count(n: int | float | None) -> str:

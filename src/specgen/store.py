@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from . import jsonexact
-from .display import UNKNOWN_PROVIDER
+from .display import provider_label
 from .records import (
     AttemptRecord,
     ConversationRecord,
@@ -815,7 +815,7 @@ class Store:
         """Per answering provider: attempts by outcome, tokens, cost."""
         out: dict[str, dict[str, Any]] = {}
         for _ds, provider, outcome, n, pt, ct, cost, _k in self._attempt_groups():
-            p = out.setdefault(provider or UNKNOWN_PROVIDER, {
+            p = out.setdefault(provider_label(provider, outcome), {
                 "requests": 0, "outcomes": {}, "prompt_tokens": 0, "completion_tokens": 0,
                 "cost_usd": 0.0})
             p["requests"] += n

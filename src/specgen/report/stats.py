@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ..display import UNKNOWN_PROVIDER
+from ..display import UNKNOWN_PROVIDER, provider_label
 from ..judgement import judge
 from ..queries import conversation_shapes, quarantine_details, witness_sides_by_provider
 
@@ -114,9 +114,13 @@ def collect(store) -> RunStats:
                "SUM(completion_tokens), SUM(cost_usd) FROM results GROUP BY 1", UNK):
         providers[r[0]].update(samples=r[1], prompt_tokens=r[2] or 0,
                                completion_tokens=r[3] or 0, cost_usd=r[4] or 0.0)
-    for r in q("SELECT COALESCE(provider, ?), COUNT(*), SUM(outcome != 'ok'), SUM(cost_usd) "
-               "FROM attempts GROUP BY 1", UNK):
-        providers[r[0]].update(attempts=r[1], failed_attempts=r[2] or 0, billed_usd=r[3] or 0.0)
+    for provider, outcome, n, failed, billed in q(
+            "SELECT provider, outcome, COUNT(*), SUM(outcome != 'ok'), SUM(cost_usd) "
+            "FROM attempts GROUP BY 1, 2"):
+        p = providers[provider_label(provider, outcome)]
+        p["attempts"] += n
+        p["failed_attempts"] += failed or 0
+        p["billed_usd"] += billed or 0.0
     try:  # what each provider's own token counts said of its kept samples
         checks = q("SELECT COALESCE(provider, ?), COALESCE(count_check, 'unchecked'), "
                    "COUNT(*) FROM results GROUP BY 1, 2 ORDER BY 1, 2", UNK).fetchall()
