@@ -23,6 +23,7 @@ from ..queries import (
     conversation_shapes,
     count_checks_by_provider,
     detail_text,
+    early_end_note,
     failed_tasks_by_class,
     quality_events,
     quarantine_details,
@@ -195,6 +196,8 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     if d.get("conversations"):
         lines.append("conversations: " + conversation_counts(d["conversations"],
                                                            d.get("end_reasons")))
+        if note := early_end_note(d.get("end_reasons")):
+            lines.append(note)
     turns = d.get("turns_per_conversation") or {}
     if turns:
         n = sum(turns.values())

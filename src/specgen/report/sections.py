@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import witness_sides
-from ..queries import conversation_counts, detail_text
+from ..planner import TOOL_LOOP_ENDS
+from ..queries import conversation_counts, detail_text, early_end_note
 from . import svg
 from .stats import RunStats, percentile
 
@@ -130,7 +131,9 @@ def _outcome_notes(s: RunStats) -> list[str]:
 
 def _conversations(s: RunStats) -> str:
     """Conversations by status, with why those that ended early did, where it is counted."""
-    return conversation_counts(s.conversations, s.end_reasons) or "0"
+    text = conversation_counts(s.conversations, s.end_reasons) or "0"
+    note = early_end_note(dict(s.end_reasons))
+    return f"{text}; {note}" if note else text
 
 
 def _invalid(s: RunStats) -> str:
@@ -277,8 +280,9 @@ def _repairs(s: RunStats) -> Section:
               [[ds, reason, detail_text(fig)] for ds, by in sorted(s.quarantine_details.items())
                for reason, fig in sorted(by.items())]),
         Table("Conversations ended early (the planner stopped before the dataset's last turn, "
-              "or an answer was quarantined)", ["end reason", "conversations"],
-              s.end_reasons.most_common()),
+              "or an answer was quarantined)", ["end reason", "conversations", "expected?"],
+              [[r, n, "yes: the model left the recorded tool loop" if r in TOOL_LOOP_ENDS
+                else "no"] for r, n in s.end_reasons.most_common()]),
         Table("Turns per conversation (samples)", ["dataset", "turns", "conversations"],
               [[ds, n, c] for ds, v in s.shapes.items()
                for n, c in v["turns_per_conversation"].items()]),
