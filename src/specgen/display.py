@@ -27,6 +27,18 @@ def provider_label(name: str | None, outcome: str | None = None) -> str:
     return NO_PROVIDER
 
 
+def in_flight_text(in_flight: int, limit: int, maximum: int | None = None) -> str:
+    """`in flight 12/16`; never a count above its own limit (`in flight 15/11`): when the
+    limit was lowered under what is already in flight (an adaptive back-off, lines already in
+    submitted batches), it says so and what happens next. `maximum`: the configured
+    concurrency, shown when the limit is below it."""
+    of = f" of {maximum:,}" if maximum is not None and maximum != limit else ""
+    if in_flight <= limit:
+        return f"in flight {in_flight:,}/{limit:,}" + (f" (max {maximum:,})" if of else "")
+    return (f"in flight {in_flight:,}, over the limit {limit:,}{of} it was lowered to: no new "
+            f"request until {in_flight - limit:,} finish")
+
+
 def count(n: int | float | None) -> str:
     """A count with thousands separators (`12,678`); `—` when unknown."""
     return "—" if n is None else f"{round(n):,}"
