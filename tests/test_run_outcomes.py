@@ -67,7 +67,7 @@ def test_every_row_invalid_is_unproductive_and_names_the_format(tmp_path):
                 in first)
         assert "Traceback" not in out.stderr
     pv = cli("preview", cfg, cwd=tmp_path)
-    assert pv.returncode == 0, pv.stderr
+    assert pv.returncode == 6, pv.stderr  # nothing readable: as the run, not 0 (issue 35)
     assert 'conversations[].from/value: set format = "sharegpt" or "auto"' in pv.stdout
     st = cli("status", "run-dir", cwd=tmp_path)
     assert st.returncode == 0
