@@ -161,7 +161,7 @@ def test_in_flight_is_never_shown_above_its_own_limit(finished_run, monkeypatch)
     assert "15/11" not in over and "over the limit 11 of 40" in over and "4 finish" in over
     _, cfg = finished_run
     eng = asyncio.run(_engine(cfg))
-    for i in range(15):
+    for _ in range(15):
         eng.inflight[object()] = None  # what is in flight when the limit falls
     monkeypatch.setattr(eng, "concurrency", lambda: (11, "adaptive: rate_limit answers"))
     line = progress_line(eng)
