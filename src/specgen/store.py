@@ -103,6 +103,27 @@ CREATE TRIGGER IF NOT EXISTS attempts_totals AFTER INSERT ON attempts BEGIN
     completion_tokens = completion_tokens + excluded.completion_tokens,
     cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
 END;
+-- an answered attempt whose sample was judged again and moved to quarantine changes outcome:
+-- the totals move with it, so no count reads it as kept
+CREATE TRIGGER IF NOT EXISTS attempts_totals_moved AFTER UPDATE OF outcome ON attempts
+WHEN OLD.outcome != NEW.outcome BEGIN
+  UPDATE totals SET attempts = attempts - 1,
+    prompt_tokens = prompt_tokens - COALESCE(OLD.prompt_tokens, 0),
+    completion_tokens = completion_tokens - COALESCE(OLD.completion_tokens, 0),
+    cost_usd = cost_usd - COALESCE(OLD.cost_usd, 0),
+    cost_known = cost_known - (OLD.cost_usd IS NOT NULL)
+  WHERE dataset = COALESCE(OLD.dataset, '') AND provider = COALESCE(OLD.provider, '')
+    AND outcome = OLD.outcome;
+  DELETE FROM totals WHERE dataset = COALESCE(OLD.dataset, '')
+    AND provider = COALESCE(OLD.provider, '') AND outcome = OLD.outcome AND attempts <= 0;
+  INSERT INTO totals VALUES(COALESCE(NEW.dataset, ''), COALESCE(NEW.provider, ''), NEW.outcome,
+    1, COALESCE(NEW.prompt_tokens, 0), COALESCE(NEW.completion_tokens, 0),
+    COALESCE(NEW.cost_usd, 0), NEW.cost_usd IS NOT NULL)
+  ON CONFLICT(dataset, provider, outcome) DO UPDATE SET attempts = attempts + 1,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
+END;
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, session INTEGER, kind TEXT NOT NULL,
   dataset TEXT, provider TEXT, detail TEXT);
@@ -650,6 +671,11 @@ class Store:
                 c.executemany("UPDATE tasks SET status='quarantined', error=? WHERE id=?",
                               [(f"quarantined:{q.reason}", q.task)
                                for q in batch.moved.values()])
+                # its answered attempt too: every count of kept samples (status, the
+                # providers' outcomes, the report) reads them, so none counts it as kept
+                c.executemany("UPDATE attempts SET outcome=?, error=? WHERE task=? AND "
+                              "outcome='ok'", [(f"quarantined:{q.reason}", _moved_why(q), q.task)
+                                               for q in batch.moved.values()])
             if batch.invalid_rows:
                 c.executemany(_INSERT_INVALID_ROW, batch.invalid_rows)
             if batch.events:
@@ -894,6 +920,16 @@ class Store:
             _rollback_quietly(c)
             raise
         return n
+
+
+def _moved_why(q: QuarantineRecord) -> str:
+    """The error of an attempt whose sample was judged again and quarantined: its message."""
+    try:
+        detail = orjson.loads(q.detail) if q.detail else {}
+    except orjson.JSONDecodeError:
+        detail = {}
+    message = detail.get("message") if isinstance(detail, dict) else None
+    return str(message or f"quarantined: {q.reason} (judged again)")[:2000]
 
 
 _TOTALS_FROM_ATTEMPTS = (
