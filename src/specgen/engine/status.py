@@ -30,8 +30,9 @@ from ..queries import (
     quarantine_details,
     witness_sides_by_provider,
 )
+from ..run_outcome import session_state
 from ..store import Store
-from .control import heartbeat_timeout, session_alive
+from .control import heartbeat_timeout
 from .figures import LIVE_FILE
 from .providers import read_excluded
 
@@ -141,21 +142,6 @@ def read_store(store: Store) -> StoreReads:
         events=quality_events(store), batches=batch_figures(store, cfg), judgement=judge(store),
         invalid_first={name: invalid_row_lines(store, [name]) for name, row in table.items()
                        if row.get("rows_invalid")})
-
-
-def session_state(last: dict[str, Any] | None, heartbeat_interval: float,
-                  now: float) -> tuple[str, str | None]:
-    """(state, reason) of the run from its last session: "running" only while its process
-    heartbeats; a session that died without recording its end reads as stopped, saying so."""
-    if last is None:
-        return "stopped", "never started"
-    if last["state"] != "running":
-        return last["state"], last["stop_reason"]
-    if session_alive(last, heartbeat_interval=heartbeat_interval, now=now):
-        return "running", None
-    age = now - (last["heartbeat_at"] or last["started_at"] or now)
-    return "stopped", (f"process {last['pid']} on {last['host']} ended without a clean stop "
-                       f"(last heartbeat {age:.0f}s ago); rerun to resume")
 
 
 def dataset_entry(name: str, r: StoreReads) -> dict[str, Any]:

@@ -98,13 +98,13 @@ def _summary(s: RunStats, run_dir: str) -> Section:
         ["billed, all attempts", usd(t["billed_usd"])],
         ["invalid source rows", _invalid(s)],
     ]
-    return Section("summary", "Summary", [Table("Run", ["", ""], rows)],
-                   notes=_outcome_notes(s))
+    # the outcome, its cause and what to do open the report (its banner: specgen.run_outcome)
+    return Section("summary", "Summary", [Table("Run", ["", ""], rows)])
 
 
 def _outcome_rows(s: RunStats) -> list[list[Any]]:
     """The run's outcome first: the last session's state and its yield (the reason and the
-    change to make are the section's first note, never clipped)."""
+    change to make are in the banner above, never clipped)."""
     last = s.sessions[-1] if s.sessions else None
     j = s.judgement
     if j is None or not j.answered:
@@ -115,18 +115,6 @@ def _outcome_rows(s: RunStats) -> list[list[Any]]:
                       f"{j.min_kept_share:g})")
     return [["outcome (last session)", last["state"] if last else "never started"],
             ["yield", yield_text]]
-
-
-def _outcome_notes(s: RunStats) -> list[str]:
-    last = s.sessions[-1] if s.sessions else None
-    notes = []
-    if last is not None:
-        notes.append(f"outcome: {last['state']} — {last['stop_reason'] or 'no reason recorded'}")
-    j = s.judgement
-    if j is not None and j.verdict and (last is None or j.verdict not in
-                                        (last["stop_reason"] or "")):
-        notes.append(f"what to change: {j.verdict}")
-    return notes
 
 
 def _conversations(s: RunStats) -> str:
