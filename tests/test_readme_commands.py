@@ -165,6 +165,13 @@ def test_status_summary_and_report_give_the_same_counts(readme_run, name):
         d["attempts"] for d in status["datasets"].values())
     ok = sum(p["outcomes"].get("ok", 0) for p in status["providers"].values())
     assert ok == sum(d["samples"] for d in status["datasets"].values())
+    # the live view's last progress line (the run's log) says the same per dataset
+    for ds, d in status["datasets"].items():
+        shown = re.findall(rf"{re.escape(ds)}: tasks ([\d,]+) done ([\d,]+) failed ([\d,]+) "
+                           r"quarantined ([\d,]+) pending", run.stderr)
+        assert shown, run.stderr[-2000:]
+        assert tuple(int(x.replace(",", "")) for x in shown[-1]) == (
+            d["done"], d["failed"], d["quarantined"], d["pending"]), ds
     j = status["judgement"]
     assert j["kept"] == ok and j["quarantined"] == status["quarantined"]
     if name == "batch-sim":
