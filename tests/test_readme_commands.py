@@ -111,6 +111,15 @@ def test_the_readme_vocab_size_fits_the_demo_tokenizer_and_a_larger_one_says_wha
     assert "give at most 4,352" in proc.stderr and "leave --draft-vocab-size out" in proc.stderr
 
 
+def test_help_lists_every_export_format():
+    from specgen.export import FORMATS
+
+    out = subprocess.run([sys.executable, "-m", "specgen", "--help"], capture_output=True,
+                         text=True, timeout=60).stdout
+    entry = " ".join(out.split("    export ", 1)[1].split("    verify ", 1)[0].split())
+    assert all(f in entry for f in FORMATS), entry
+
+
 def test_the_torch_hint_and_the_readme_agree_on_a_cpu_build():
     from specgen.export.vocab import TORCH_INSTALL
 
@@ -174,6 +183,9 @@ def test_status_summary_and_report_give_the_same_counts(readme_run, name):
             d["done"], d["failed"], d["quarantined"], d["pending"]), ds
     j = status["judgement"]
     assert j["kept"] == ok and j["quarantined"] == status["quarantined"]
+    # the summary says whether its early ends are expected (tool loops left: yes)
+    if any(d["end_reasons"] for d in status["datasets"].values()):
+        assert "ended early: " in run.stdout and " expected: the model's tool calls" in run.stdout
     if name == "batch-sim":
         b = status["batches"]
         lines = b["lines"]
