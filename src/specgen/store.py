@@ -40,6 +40,17 @@ from .records import (
 SCHEMA_VERSION = 1
 STORE_FILE = "state.sqlite"
 
+# the totals row of a new (or re-judged) attempt: one more attempt, its tokens and cost
+_ADD_NEW_TO_TOTALS = """\
+  INSERT INTO totals VALUES(COALESCE(NEW.dataset, ''), COALESCE(NEW.provider, ''), NEW.outcome,
+    1, COALESCE(NEW.prompt_tokens, 0), COALESCE(NEW.completion_tokens, 0),
+    COALESCE(NEW.cost_usd, 0), NEW.cost_usd IS NOT NULL)
+  ON CONFLICT(dataset, provider, outcome) DO UPDATE SET attempts = attempts + 1,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
+"""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions(
@@ -95,14 +106,7 @@ CREATE TABLE IF NOT EXISTS totals(
   attempts INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
   cost_usd REAL NOT NULL, cost_known INTEGER NOT NULL, PRIMARY KEY(dataset, provider, outcome));
 CREATE TRIGGER IF NOT EXISTS attempts_totals AFTER INSERT ON attempts BEGIN
-  INSERT INTO totals VALUES(COALESCE(NEW.dataset, ''), COALESCE(NEW.provider, ''), NEW.outcome,
-    1, COALESCE(NEW.prompt_tokens, 0), COALESCE(NEW.completion_tokens, 0),
-    COALESCE(NEW.cost_usd, 0), NEW.cost_usd IS NOT NULL)
-  ON CONFLICT(dataset, provider, outcome) DO UPDATE SET attempts = attempts + 1,
-    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens,
-    cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
-END;
+{ADD_NEW_TO_TOTALS}END;
 -- an answered attempt whose sample was judged again and moved to quarantine changes outcome:
 -- the totals move with it, so no count reads it as kept
 CREATE TRIGGER IF NOT EXISTS attempts_totals_moved AFTER UPDATE OF outcome ON attempts
@@ -116,14 +120,7 @@ WHEN OLD.outcome != NEW.outcome BEGIN
     AND outcome = OLD.outcome;
   DELETE FROM totals WHERE dataset = COALESCE(OLD.dataset, '')
     AND provider = COALESCE(OLD.provider, '') AND outcome = OLD.outcome AND attempts <= 0;
-  INSERT INTO totals VALUES(COALESCE(NEW.dataset, ''), COALESCE(NEW.provider, ''), NEW.outcome,
-    1, COALESCE(NEW.prompt_tokens, 0), COALESCE(NEW.completion_tokens, 0),
-    COALESCE(NEW.cost_usd, 0), NEW.cost_usd IS NOT NULL)
-  ON CONFLICT(dataset, provider, outcome) DO UPDATE SET attempts = attempts + 1,
-    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens,
-    cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
-END;
+{ADD_NEW_TO_TOTALS}END;
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, session INTEGER, kind TEXT NOT NULL,
   dataset TEXT, provider TEXT, detail TEXT);
@@ -136,7 +133,7 @@ CREATE TABLE IF NOT EXISTS batch_lines(
   batch TEXT NOT NULL, custom_id TEXT NOT NULL, dataset TEXT NOT NULL, conv_id TEXT NOT NULL,
   turn INTEGER NOT NULL, outcome TEXT, PRIMARY KEY(batch, custom_id));
 CREATE INDEX IF NOT EXISTS batch_lines_key ON batch_lines(dataset, conv_id, turn);
-"""
+""".replace("{ADD_NEW_TO_TOTALS}", _ADD_NEW_TO_TOTALS)
 
 
 # Columns added to a table after its first release; `Store.create` adds them to older stores.
