@@ -290,7 +290,6 @@ def write_batch_config(tmp_path, endpoint: str = "", budget: str = ""):
 @pytest.mark.parametrize("endpoint, budget, key", [
     ('batch_api = "openrouter"\nbatch_max_requests = 6000\n', "", "endpoint.batch_max_requests"),
     ('batch_api = "other"\n', "", "batch_api"),
-    ("stream = true\n", "", "endpoint.stream"),
     ('completion_window = "1 day"\n', "", "endpoint.completion_window"),
     ("batch_max_requests = 60000\n", "", "endpoint.batch_max_requests"),
     ("batch_max_bytes = 10\n", "", "endpoint.batch_max_bytes"),
@@ -304,6 +303,15 @@ def test_config_refuses_bad_batch_settings(tmp_path, endpoint, budget, key):
     with pytest.raises(ConfigError) as exc:
         load_config(write_batch_config(tmp_path, endpoint, budget))
     assert key in str(exc.value)
+
+
+def test_batch_mode_takes_a_live_config_with_stream_true(tmp_path, caplog):
+    """Issue 35: adding `mode = "batch"` to the quickstart (stream = true) failed; the first
+    try works now, and says the key has no effect."""
+    caplog.set_level("WARNING", logger="specgen.config")
+    cfg = load_config(write_batch_config(tmp_path, "stream = true\n"))
+    assert cfg.endpoint.mode == "batch" and cfg.endpoint.stream is False
+    assert any("endpoint.stream = true has no effect" in r.getMessage() for r in caplog.records)
 
 
 def test_config_batch_defaults(tmp_path):

@@ -343,7 +343,7 @@ def test_bad_rows_stop_the_run_or_are_skipped(tmp_path, clean_sim):
     write_jsonl(tmp_path / "a.jsonl", rows)
     path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "a.jsonl"}])
     cfg, outcome = go(path)
-    assert outcome.state == "failed" and outcome.exit_code == 1
+    assert outcome.state == "failed" and outcome.exit_code == 2  # bad input: as before the session
     assert "a.jsonl:4" in outcome.stop_reason and "skip_invalid" in outcome.stop_reason
     st = run_status(cfg.run_dir)
     # it fails fast: the rows before the bad one are admitted (pending), nothing is sent
@@ -477,7 +477,7 @@ def test_unreadable_source_fails_with_its_reason(tmp_path, clean_sim):
     (tmp_path / "folder" / "notes.txt").write_text("not a dataset")
     path = write_config(tmp_path, clean_sim.url, [{"name": "a", "path": "folder"}])
     cfg, outcome = go(path)
-    assert outcome.state == "failed" and outcome.exit_code == 1
+    assert outcome.state == "failed" and outcome.exit_code == 2
     assert outcome.stop_reason.startswith("dataset 'a': cannot read")
     assert run_status(cfg.run_dir)["state"] == "failed"
 

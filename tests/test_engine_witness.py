@@ -207,14 +207,30 @@ def test_a_prompt_that_is_not_the_shapes_rendering_is_a_mismatch(tmp_path):
     # status, the run's judgement and the session's own figures count it the same
     assert st["quarantined"] == quarantined_tasks and st["done"] == sum(checks.values())
     assert judge(Store.open(cfg.run_dir)).quarantined == quarantined_tasks
+    # a re-judged sample moved to quarantine no longer counts as kept (issue 33): not in the
+    # samples of status --json, not as an `ok` attempt of its provider, not in the report
+    full = run_status(cfg.run_dir)
+    assert st["samples"] == st["done"] == sum(checks.values())
+    assert {p: v["outcomes"].get("ok", 0) for p, v in full["providers"].items()
+            if v["outcomes"].get("ok")} == stored
+    with read_snapshot(cfg.run_dir) as store:
+        stats = collect(store)
+    assert {p["provider"]: p["samples"] for p in stats.providers if p["samples"]} == stored
+    assert {p["provider"]: p["attempts"] - p["failed_attempts"] for p in stats.providers
+            if p["attempts"] - p["failed_attempts"]} == stored
+    assert stats.totals["samples"] == st["samples"]
     live = json.loads((cfg.run_dir / "live.json").read_text())
     assert {p: sum(v["count_checks"].values()) for p, v in live["providers"].items()
             if v["count_checks"]} == stored
     assert {p: v["ok"] for p, v in live["providers"].items() if v["ok"]} == stored
     with Store.open(cfg.run_dir) as s:
         (detail,) = s.conn.execute("SELECT error FROM attempts WHERE outcome LIKE "
-                                   "'quarantined:count_mismatch%' LIMIT 1").fetchone()
+                                   "'quarantined:count_mismatch%' AND error NOT LIKE "
+                                   "'judged again%' LIMIT 1").fetchone()
+        moved = [e for (e,) in s.conn.execute(
+            "SELECT error FROM attempts WHERE error LIKE 'judged again%'")]
     assert "prompt: ours" in detail and "request shape (+20)" in detail
+    assert len(moved) == len(again)  # each moved sample's attempt says why
     # both counts are stored with the quarantine, and status, verify and the report show them
     figures = st["quarantine_details"]["count_mismatch"]
     assert figures["prompt"]["provider"] < figures["prompt"]["ours"] + 20, figures

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", ["quickstart.toml", "openrouter-kimi-k2.5.toml", "local-vllm.toml",
-                                  "local-tokens.toml", "probe.toml"])
+                                  "local-tokens.toml", "probe.toml", "batch-sim.toml"])
 def test_example_configs_load(name):
     cfg = load_config(REPO / "examples" / name)
     assert cfg.datasets and all(d.path.exists() for d in cfg.datasets)

@@ -275,3 +275,20 @@ def test_cli(run, tmp_path, capsys):
     assert pq.read_table(out).column_names[-1] == "merged_turns"
     assert main(["export", str(tmp_path / "nowhere"), "--format", "tokens"]) == 2
     assert "no specgen run here" in capsys.readouterr().err
+
+
+def test_parquet_and_jsonl_tokens_exports_keep_their_own_manifests(run):
+    """Issue 35: after a `--jsonl` export the Parquet export beside it kept a manifest that
+    described tokens.jsonl (one `tokens.manifest.json` for both)."""
+    from pathlib import Path
+
+    parquet = export_run(run, ExportOptions(format="tokens"))
+    jsonl = export_run(run, ExportOptions(format="tokens", jsonl=True))
+    exports = run / "exports"
+    assert Path(parquet["manifest_path"]) == exports / "tokens.manifest.json"
+    assert Path(jsonl["manifest_path"]) == exports / "tokens.jsonl.manifest.json"
+    for name, data in (("tokens.manifest.json", "tokens.parquet"),
+                       ("tokens.jsonl.manifest.json", "tokens.jsonl")):
+        manifest = json.loads((exports / name).read_text())
+        assert [Path(f["path"]).name for f in manifest["files"]] == [data]
+        assert Path(manifest["options"]["out"]).name == data

@@ -93,7 +93,7 @@ def test_an_invalid_json_line_is_named_by_its_file_line(tmp_path):
     (tmp_path / "d.jsonl").write_text("\n".join(
         [*good, '{"messages": [{"role": "user", "content": "x"},]}']) + "\n")
     out = cli("run", config(tmp_path, 'path = "d.jsonl"'), "--no-live", cwd=tmp_path)
-    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.returncode == 2, out.stdout + out.stderr
     first = out.stdout.splitlines()[0]
     assert "d.jsonl:4 (row 3): invalid JSON at line 4, column 47: trailing comma" in first
     assert "line 1 column" not in first
@@ -103,7 +103,7 @@ def test_a_source_error_does_not_repeat_its_prefix(tmp_path):
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "x.json").write_text("[1, 2]\n")
     out = cli("run", config(tmp_path, 'path = "dir"'), "--no-live", cwd=tmp_path)
-    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.returncode == 2, out.stdout + out.stderr
     first = out.stdout.splitlines()[0]
     assert first.startswith("run failed: dataset 'd': cannot read "), first
     assert first.count("dataset 'd'") == 1 and first.count("dir") == 1, first

@@ -195,8 +195,8 @@ def test_export_writes_temp_names_and_publishes_at_the_end(small, tmp_path, monk
     monkeypatch.setattr(writers_mod.JsonlWriter, "write", spy)
     m = export_run(small, ExportOptions(format="tokens", jsonl=True, out=out))
     assert seen == [[f".t.jsonl.tmp-{os.getpid()}"]]  # nothing under the final name yet
-    assert sorted(p.name for p in out.parent.iterdir()) == ["t.jsonl", "t.manifest.json"]
-    manifest = json.loads((out.parent / "t.manifest.json").read_text())
+    assert sorted(p.name for p in out.parent.iterdir()) == ["t.jsonl", "t.jsonl.manifest.json"]
+    manifest = json.loads((out.parent / "t.jsonl.manifest.json").read_text())
     assert manifest["files"][0]["rows"] == 50 == m["totals"]["rows"]
     assert len(out.read_text().splitlines()) == 50
 
@@ -229,7 +229,7 @@ def test_disk_full_keeps_the_previous_export_and_leaves_no_temp(small, tmp_path,
                                                                  capsys):
     out = tmp_path / "t.jsonl"
     assert main(["export", str(small), "-f", "tokens", "--jsonl", "-o", str(out)]) == 0
-    before = (out.read_bytes(), (tmp_path / "t.manifest.json").read_bytes())
+    before = (out.read_bytes(), (tmp_path / "t.jsonl.manifest.json").read_bytes())
     calls = {"n": 0}
     real = writers_mod.JsonlWriter.write
 
@@ -244,7 +244,7 @@ def test_disk_full_keeps_the_previous_export_and_leaves_no_temp(small, tmp_path,
     assert main(["export", str(small), "-f", "tokens", "--jsonl", "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert "no space left" in err and "Traceback" not in err and len(err.splitlines()) == 1
-    assert (out.read_bytes(), (tmp_path / "t.manifest.json").read_bytes()) == before
+    assert (out.read_bytes(), (tmp_path / "t.jsonl.manifest.json").read_bytes()) == before
     assert temps(tmp_path) == []
 
 
@@ -261,7 +261,7 @@ def test_export_file_size_limit_in_a_real_process(big, tmp_path):
 
 def test_export_killed_part_way_leaves_nothing_and_a_rerun_succeeds(big, tmp_path):
     out = tmp_path / "exp" / "tokens.jsonl"
-    manifest = tmp_path / "exp" / "tokens.manifest.json"
+    manifest = tmp_path / "exp" / "tokens.jsonl.manifest.json"
     proc = start("export", str(big), "-f", "tokens", "--jsonl", "-o", str(out))
     tmp = temp_path(out, proc.pid)
     # kill once the temporary file holds some rows (well before the end: 20,000 rows)

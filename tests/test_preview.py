@@ -322,3 +322,19 @@ def test_where_prices_come_from(tmp_path, capsys):
                           extra="[budget]\nprompt_price_per_m = 1.0\ncompletion_price_per_m = 2.0")
     code, out = run_json(capsys, budget)
     assert out["prices"]["origin"] == "[budget]" and out["prices"]["completion_per_m"] == 2.0
+
+
+def test_every_row_invalid_exits_non_zero_with_what_to_check(tmp_path, capsys):
+    """Issue 35: `rows 10 read, 0 readable, 10 invalid` exited 0."""
+    rows = tmp_path / "bad.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"q{i}", "oops": i}) + "\n"
+                            for i in range(10)))
+    cfg_path = write_config(tmp_path, [{"name": "bad", "path": str(rows), "format": "openai",
+                                        "skip_invalid": True}])
+    assert main(["preview", str(cfg_path), "-n", "0", "--no-color"]) == 6
+    captured = capsys.readouterr()
+    assert "10 read, 0 readable, 10 invalid" in captured.out
+    assert "dataset 'bad': none of the 10 row(s) read is readable" in captured.err
+    assert "format" in captured.err
+    code, out = run_json(capsys, cfg_path)
+    assert code == 6 and out["datasets"][0]["rows_readable"] == 0

@@ -246,3 +246,14 @@ def test_every_alarm_says_what_to_change():
 
     assert set(FIXES) == set(ALARMS), set(ALARMS) ^ set(FIXES)
     assert all(FIXES[name].strip() for name in ALARMS)
+
+
+def test_an_alarm_example_without_a_provider_reads_as_words():
+    """Issue 35: an example from an answer that named no provider read `task 61 ((unknown))`."""
+    from specgen.quality.alarms import Alarm, AlarmRule
+
+    rule = AlarmRule("raw_tool_markers", 0.2, 20, False, "answers with raw markers")
+    alarm = Alarm("d", rule, 0.5, 20, examples=[{"task": 61, "provider": "(unknown)"},
+                                                 {"task": 62, "provider": "Together"}])
+    assert "task 61 (no provider named), task 62 (Together)" in alarm.message
+    assert "((" not in alarm.message

@@ -187,9 +187,13 @@ def test_one_label_for_an_unknown_provider_and_attempts_named_as_such(tmp_path):
     conn.commit()
     conn.close()
     text = build_report(run, text=True)
-    rows = [ln.split()[0] for ln in text.split("Per provider:")[1].splitlines()[2:4]]
-    assert "(unknown)" in rows and "?" not in rows
-    assert "(unknown)" in run_status(run)["providers"]
+    rows = [ln.strip() for ln in text.split("Per provider:")[1].splitlines()[2:5]]
+    # an attempt that ended in an error before any provider answered is no provider's row
+    # (issue 35: it read `(unknown)`, like an answer that named none)
+    assert any(ln.startswith("no provider (never answered)") for ln in rows), rows
+    assert not any(ln.startswith(("(unknown)", "?")) for ln in rows)
+    assert "no provider (never answered)" in run_status(run)["providers"]
+    assert "(unknown)" not in run_status(run)["providers"]
     head = text.split("Per dataset:")[1].splitlines()[1]
     assert head.rstrip().endswith("attempts  failed attempts")
     assert "attempts (HTTP tries of the tasks)" in text and "ended early" not in text.split(

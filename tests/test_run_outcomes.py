@@ -67,7 +67,7 @@ def test_every_row_invalid_is_unproductive_and_names_the_format(tmp_path):
                 in first)
         assert "Traceback" not in out.stderr
     pv = cli("preview", cfg, cwd=tmp_path)
-    assert pv.returncode == 0, pv.stderr
+    assert pv.returncode == 6, pv.stderr  # nothing readable: as the run, not 0 (issue 35)
     assert 'conversations[].from/value: set format = "sharegpt" or "auto"' in pv.stdout
     st = cli("status", "run-dir", cwd=tmp_path)
     assert st.returncode == 0
@@ -78,7 +78,8 @@ def test_every_row_invalid_is_unproductive_and_names_the_format(tmp_path):
     rep = cli("report", "run-dir", "--text", cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     head = rep.stdout.split("Run:", 1)[0]  # the outcome comes first, before any figure
-    assert "(outcome: unproductive — no sample: all 30 source row(s)" in head
+    assert ">> UNPRODUCTIVE: NO ANSWERED TASK" in head
+    assert "why: no sample: all 30 source row(s)" in head and "what to do: change" in head
     assert "invalid source rows                    30 (first: sg line 1:" in rep.stdout
     assert "True" not in rep.stdout and "False" not in rep.stdout
     js = json.loads(cli("status", "run-dir", "--json", cwd=tmp_path).stdout)

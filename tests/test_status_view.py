@@ -151,3 +151,26 @@ def test_live_view_fits_the_terminal_without_cutting_names(tmp_path, width):
     assert name in text and "Moonshot AI (a long provider name)" in text  # never cut
     assert "progress" in text and "4/~4 req" in text and "1,234" in text
     assert ("prompt tok" in text) == (width >= 160)  # the least needed column goes first
+
+
+def test_in_flight_is_never_shown_above_its_own_limit(finished_run, monkeypatch):
+    """Issue 35: the batch run's progress line read `in flight 15/11` once the adaptive limit
+    fell under the lines already submitted."""
+    import asyncio
+
+    from specgen.display import in_flight_text
+
+    assert in_flight_text(6, 16) == "in flight 6/16"
+    over = in_flight_text(15, 11, 40)
+    assert "15/11" not in over and "over the limit 11 of 40" in over and "4 finish" in over
+    _, cfg = finished_run
+    eng = asyncio.run(_engine(cfg))
+    for _ in range(15):
+        eng.inflight[object()] = None  # what is in flight when the limit falls
+    monkeypatch.setattr(eng, "concurrency", lambda: (11, "adaptive: rate_limit answers"))
+    line = progress_line(eng)
+    assert "15/11" not in line and "in flight 15, over the limit 11" in line
+    buf = io.StringIO()
+    with LiveView(eng, console=Console(file=buf, force_terminal=True, width=200)):
+        pass
+    assert "15/11" not in buf.getvalue() and "over the limit 11" in buf.getvalue()

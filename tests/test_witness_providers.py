@@ -185,7 +185,7 @@ def test_a_real_answer_is_kept_whatever_the_providers_rendering(tmp_path, offici
             for e in exported} == {("rendering", "repaired", 3)}
     assert sorted(e["prompt_delta"] for e in exported) == [-21] * 3 + [9] * 6
     # the manifest counts both sides per provider, like status
-    manifest = json.loads(out.with_name("t.manifest.json").read_text())
+    manifest = json.loads(out.with_name("t.jsonl.manifest.json").read_text())
     assert manifest["totals"]["witness_sides"] == {"Together": sides}
     # and verify, per provider (JSON and text)
     from specgen.verify import format_report, verify_run

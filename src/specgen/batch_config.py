@@ -6,11 +6,14 @@ do, with a message naming the key, and fills in the defaults that depend on batc
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
+
+log = logging.getLogger("specgen.config")
 
 # Each batch API's limits (lines, bytes per batch): OpenAI's 50,000 lines and 200 MB per
 # input file (Moonshot's file limit is 100 MB, the default of batch_max_bytes); OpenRouter's
@@ -78,8 +81,9 @@ def check_batch(cfg: Any, endpoint_raw: dict[str, Any], where: str) -> None:
     if not ep.batch_file_purpose.strip():
         raise ConfigError(f"{where}: endpoint.batch_file_purpose must not be empty")
     if "stream" in endpoint_raw and ep.stream:
-        raise ConfigError(f"{where}: endpoint.stream = true: batch lines are never streamed "
-                          "(mode = \"batch\"); remove the key or set it to false")
+        # a live config switched to batch mode keeps its `stream = true`: the first try works
+        log.warning("%s: endpoint.stream = true has no effect with mode = \"batch\" (a batch "
+                    "line is never streamed); the run sends non-stream bodies", where)
     fixed = fixed_sampling(cfg)
     if fixed:
         _check_fixed(cfg, fixed, where)

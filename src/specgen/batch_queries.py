@@ -14,21 +14,55 @@ BATCH_STATES = ("intent", "sending", "validating", "in_progress", "finalizing", 
                 "completed", "failed", "expired", "cancelled", "lost", "unreadable")
 
 
+def batch_rows(store: Store) -> list[dict[str, Any]] | None:
+    """Every batch of the run, oldest first, with its lines by our outcome (`answered`: a
+    line whose answer went through the answer stages; `errors`: one that came back as an error
+    and was retried; `waiting`: not collected yet) beside the provider's own counts
+    (`provider_completed`, `provider_failed`: a line the provider counts completed can still be
+    an error to us, e.g. an error in a 200 body). The one source of every batch figure that
+    `status`, the summary and the report show. None for a store from before batch mode."""
+    c = store.conn
+    try:
+        rows = c.execute(
+            "SELECT id, provider_id, session, state, lines, completed, failed, created_at, "
+            "updated_at FROM batches ORDER BY created_at").fetchall()
+        ours: dict[str, dict[str, int]] = {}
+        for batch, outcome, n in c.execute(
+                "SELECT batch, outcome, COUNT(*) FROM batch_lines GROUP BY 1, 2"):
+            kind = ("waiting" if outcome is None else
+                    "errors" if outcome.startswith("error:") else "answered")
+            d = ours.setdefault(batch, {"answered": 0, "errors": 0, "waiting": 0})
+            d[kind] += n
+    except sqlite3.OperationalError:  # a store made before batch mode, opened read-only
+        return None
+    return [{"id": bid, "provider_id": pid, "session": session, "state": state,
+             "lines": lines, **ours.get(bid, {"answered": 0, "errors": 0, "waiting": 0}),
+             "provider_completed": done or 0, "provider_failed": failed or 0,
+             "created_at": created, "updated_at": updated}
+            for bid, pid, session, state, lines, done, failed, created, updated in rows]
+
+
 def batch_figures(store: Store, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """The run's batches by state, their lines by outcome (`waiting`, `ok`, `error:<class>`),
     and what the run saved against live prices (its cost at `[budget] batch_price_factor`);
-    None when the run never submitted a batch."""
+    None when the run never submitted a batch. Per state, `completed` / `failed` count the
+    lines as the run judged them (as `lines` does: answered / came back as errors), and
+    `provider_completed` / `provider_failed` the provider's own counts."""
     c = store.conn
-    try:
-        rows = c.execute("SELECT state, COUNT(*), COALESCE(SUM(lines), 0), "
-                         "COALESCE(SUM(completed), 0), COALESCE(SUM(failed), 0) "
-                         "FROM batches GROUP BY state").fetchall()
-    except sqlite3.OperationalError:  # a store made before batch mode, opened read-only
-        return None
+    rows = batch_rows(store)
     if not rows:
         return None
-    by_state = {s: {"batches": n, "lines": lines, "completed": done, "failed": failed}
-                for s, n, lines, done, failed in rows}
+    by_state: dict[str, dict[str, int]] = {}
+    for b in rows:
+        v = by_state.setdefault(b["state"], {"batches": 0, "lines": 0, "completed": 0,
+                                             "failed": 0, "provider_completed": 0,
+                                             "provider_failed": 0})
+        v["batches"] += 1
+        v["lines"] += b["lines"]
+        v["completed"] += b["answered"]
+        v["failed"] += b["errors"]
+        v["provider_completed"] += b["provider_completed"]
+        v["provider_failed"] += b["provider_failed"]
     outcomes = {("waiting" if o is None else o): n for o, n in c.execute(
         "SELECT outcome, COUNT(*) FROM batch_lines GROUP BY outcome")}
     running = running_batches(store)
@@ -37,7 +71,7 @@ def batch_figures(store: Store, cfg: dict[str, Any]) -> dict[str, Any] | None:
     factor = 0.5 if factor is None else float(factor)
     ((cost,),) = c.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM totals")
     return {
-        "batches": sum(v["batches"] for v in by_state.values()),
+        "batches": len(rows),
         "by_state": {s: by_state[s] for s in BATCH_STATES if s in by_state},
         "lines": outcomes,
         "running": running,

@@ -8,7 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-UNKNOWN_PROVIDER = "(unknown)"  # an answer or error that named no provider
+UNKNOWN_PROVIDER = "(unknown)"  # an answer that named no provider
+# attempts that ended before any provider answered (the router's own 429, a timeout, a
+# connection error): no provider to blame, so not a provider row like the others
+NO_PROVIDER = "no provider (never answered)"
+ANSWERED_OUTCOMES = ("ok", "quarantined", "rejected")  # an attempt's outcome, before ":"
 FLOAT_DIGITS = 12  # significant digits JSON floats keep: Unix times keep their milliseconds
 
 
@@ -35,9 +39,27 @@ def printable_data(obj: Any) -> Any:
     return obj
 
 
-def provider_label(name: str | None) -> str:
-    """A provider's name, or the one label for answers that named none."""
-    return name or UNKNOWN_PROVIDER
+def provider_label(name: str | None, outcome: str | None = None) -> str:
+    """A provider's name; for an attempt that named none, `UNKNOWN_PROVIDER` when it was
+    answered (its `outcome` ok, quarantined or rejected, or not given) and `NO_PROVIDER` when
+    it ended in an error before any provider answered."""
+    if name:
+        return name
+    if outcome is None or outcome.split(":", 1)[0] in ANSWERED_OUTCOMES:
+        return UNKNOWN_PROVIDER
+    return NO_PROVIDER
+
+
+def in_flight_text(in_flight: int, limit: int, maximum: int | None = None) -> str:
+    """`in flight 12/16`; never a count above its own limit (`in flight 15/11`): when the
+    limit was lowered under what is already in flight (an adaptive back-off, lines already in
+    submitted batches), it says so and what happens next. `maximum`: the configured
+    concurrency, shown when the limit is below it."""
+    of = f" of {maximum:,}" if maximum is not None and maximum != limit else ""
+    if in_flight <= limit:
+        return f"in flight {in_flight:,}/{limit:,}" + (f" (max {maximum:,})" if of else "")
+    return (f"in flight {in_flight:,}, over the limit {limit:,}{of} it was lowered to: no new "
+            f"request until {in_flight - limit:,} finish")
 
 
 def count(n: int | float | None) -> str:

@@ -52,6 +52,10 @@ NO_RECORDED_RESULT = "no_recorded_result"  # paired calls the dataset has no res
 # Reasons of stores written before the policies existed (still read, never written).
 TOOL_MISMATCH = "tool_mismatch"
 NO_TOOL_RESULT = "no_tool_result"
+# The model's answer left the dataset's recorded tool loop: expected on-policy (turns = "all"),
+# the samples before it kept; any other end (a quarantine, a failure) is not.
+TOOL_LOOP_ENDS = frozenset({TOOL_COUNT_MISMATCH, TOOL_NAME_MISMATCH, TOOL_ARGUMENTS_MISMATCH,
+                            NO_RECORDED_RESULT, TOOL_MISMATCH, NO_TOOL_RESULT})
 
 
 @dataclass(slots=True)

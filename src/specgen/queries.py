@@ -197,6 +197,27 @@ def conversation_counts(counts: dict[str, int], end_reasons: dict[str, int] | No
     return ", ".join(one(k) for k in keys)
 
 
+def early_end_note(end_reasons: dict[str, int] | None) -> str | None:
+    """One line on whether a dataset's early conversation ends are expected: those where the
+    model's answer left the recorded tool loop are (on-policy regeneration; the samples up to
+    there are kept), the others (quarantines, failures) are named; None without early ends."""
+    from .planner import TOOL_LOOP_ENDS
+
+    if not end_reasons:
+        return None
+    loop = sum(n for r, n in end_reasons.items() if r in TOOL_LOOP_ENDS)
+    other = {r: n for r, n in end_reasons.items() if r not in TOOL_LOOP_ENDS}
+    parts = []
+    if loop:
+        parts.append(f"{loop:,} expected: the model's tool calls left the dataset's recorded "
+                     "tool loop, the samples up to there kept")
+    if other:
+        parts.append(f"{sum(other.values()):,} not expected ("
+                     + ", ".join(f"{r} {n:,}" for r, n in other.items())
+                     + "): see the quarantine and failure lines")
+    return "ended early: " + "; ".join(parts) + " (docs/datasets.md, \"Tool loops\")"
+
+
 def quarantine_details(store: Store) -> dict[str, dict[str, dict[str, Any]]]:
     """{dataset: {reason: the figures of its latest quarantine}} (the `detail` JSON: both
     counts of a count_mismatch, ...). Reasons stored without figures, or a store from before

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from . import jsonexact
-from .display import UNKNOWN_PROVIDER
+from .display import provider_label
 from .records import (
     AttemptRecord,
     ConversationRecord,
@@ -39,6 +39,17 @@ from .records import (
 
 SCHEMA_VERSION = 1
 STORE_FILE = "state.sqlite"
+
+# the totals row of a new (or re-judged) attempt: one more attempt, its tokens and cost
+_ADD_NEW_TO_TOTALS = """\
+  INSERT INTO totals VALUES(COALESCE(NEW.dataset, ''), COALESCE(NEW.provider, ''), NEW.outcome,
+    1, COALESCE(NEW.prompt_tokens, 0), COALESCE(NEW.completion_tokens, 0),
+    COALESCE(NEW.cost_usd, 0), NEW.cost_usd IS NOT NULL)
+  ON CONFLICT(dataset, provider, outcome) DO UPDATE SET attempts = attempts + 1,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
+"""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -95,14 +106,21 @@ CREATE TABLE IF NOT EXISTS totals(
   attempts INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
   cost_usd REAL NOT NULL, cost_known INTEGER NOT NULL, PRIMARY KEY(dataset, provider, outcome));
 CREATE TRIGGER IF NOT EXISTS attempts_totals AFTER INSERT ON attempts BEGIN
-  INSERT INTO totals VALUES(COALESCE(NEW.dataset, ''), COALESCE(NEW.provider, ''), NEW.outcome,
-    1, COALESCE(NEW.prompt_tokens, 0), COALESCE(NEW.completion_tokens, 0),
-    COALESCE(NEW.cost_usd, 0), NEW.cost_usd IS NOT NULL)
-  ON CONFLICT(dataset, provider, outcome) DO UPDATE SET attempts = attempts + 1,
-    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens,
-    cost_usd = cost_usd + excluded.cost_usd, cost_known = cost_known + excluded.cost_known;
-END;
+{ADD_NEW_TO_TOTALS}END;
+-- an answered attempt whose sample was judged again and moved to quarantine changes outcome:
+-- the totals move with it, so no count reads it as kept
+CREATE TRIGGER IF NOT EXISTS attempts_totals_moved AFTER UPDATE OF outcome ON attempts
+WHEN OLD.outcome != NEW.outcome BEGIN
+  UPDATE totals SET attempts = attempts - 1,
+    prompt_tokens = prompt_tokens - COALESCE(OLD.prompt_tokens, 0),
+    completion_tokens = completion_tokens - COALESCE(OLD.completion_tokens, 0),
+    cost_usd = cost_usd - COALESCE(OLD.cost_usd, 0),
+    cost_known = cost_known - (OLD.cost_usd IS NOT NULL)
+  WHERE dataset = COALESCE(OLD.dataset, '') AND provider = COALESCE(OLD.provider, '')
+    AND outcome = OLD.outcome;
+  DELETE FROM totals WHERE dataset = COALESCE(OLD.dataset, '')
+    AND provider = COALESCE(OLD.provider, '') AND outcome = OLD.outcome AND attempts <= 0;
+{ADD_NEW_TO_TOTALS}END;
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, session INTEGER, kind TEXT NOT NULL,
   dataset TEXT, provider TEXT, detail TEXT);
@@ -115,7 +133,7 @@ CREATE TABLE IF NOT EXISTS batch_lines(
   batch TEXT NOT NULL, custom_id TEXT NOT NULL, dataset TEXT NOT NULL, conv_id TEXT NOT NULL,
   turn INTEGER NOT NULL, outcome TEXT, PRIMARY KEY(batch, custom_id));
 CREATE INDEX IF NOT EXISTS batch_lines_key ON batch_lines(dataset, conv_id, turn);
-"""
+""".replace("{ADD_NEW_TO_TOTALS}", _ADD_NEW_TO_TOTALS)
 
 
 # Columns added to a table after its first release; `Store.create` adds them to older stores.
@@ -671,6 +689,11 @@ class Store:
                 c.executemany("UPDATE tasks SET status='quarantined', error=? WHERE id=?",
                               [(f"quarantined:{q.reason}", q.task)
                                for q in batch.moved.values()])
+                # its answered attempt too: every count of kept samples (status, the
+                # providers' outcomes, the report) reads them, so none counts it as kept
+                c.executemany("UPDATE attempts SET outcome=?, error=? WHERE task=? AND "
+                              "outcome='ok'", [(f"quarantined:{q.reason}", _moved_why(q), q.task)
+                                               for q in batch.moved.values()])
             if batch.invalid_rows:
                 c.executemany(_INSERT_INVALID_ROW, batch.invalid_rows)
             if batch.events:
@@ -836,7 +859,7 @@ class Store:
         """Per answering provider: attempts by outcome, tokens, cost."""
         out: dict[str, dict[str, Any]] = {}
         for _ds, provider, outcome, n, pt, ct, cost, _k in self._attempt_groups():
-            p = out.setdefault(provider or UNKNOWN_PROVIDER, {
+            p = out.setdefault(provider_label(provider, outcome), {
                 "requests": 0, "outcomes": {}, "prompt_tokens": 0, "completion_tokens": 0,
                 "cost_usd": 0.0})
             p["requests"] += n
@@ -915,6 +938,16 @@ class Store:
             _rollback_quietly(c)
             raise
         return n
+
+
+def _moved_why(q: QuarantineRecord) -> str:
+    """The error of an attempt whose sample was judged again and quarantined: its message."""
+    try:
+        detail = orjson.loads(q.detail) if q.detail else {}
+    except orjson.JSONDecodeError:
+        detail = {}
+    message = detail.get("message") if isinstance(detail, dict) else None
+    return str(message or f"quarantined: {q.reason} (judged again)")[:2000]
 
 
 _TOTALS_FROM_ATTEMPTS = (

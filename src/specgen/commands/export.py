@@ -1,4 +1,4 @@
-"""`specgen export RUN_DIR --format tokens|specforge|openai`: training files + a manifest."""
+"""`specgen export RUN_DIR --format tokens|specforge|openai|vocab`: training files + a manifest."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "export", help="write the run's samples as training files (tokens, specforge, openai)",
+        "export", help="write the run's samples as training files (tokens, specforge, openai, vocab)",
         description="Stream the stored samples of a run into files drafter trainers load "
                     "unchanged, with a manifest JSON next to them. Safe while the run is "
                     "still writing (one consistent snapshot per export).")

@@ -100,7 +100,20 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(out, ensure_ascii=False, indent=1) + "\n")
     else:
         Printer(cfg, tokenizer, result, color=not args.no_color, full=args.full).print()
-    return 1 if any(d.error for d in result.datasets) else 0
+    if any(d.error for d in result.datasets):
+        return 1
+    return _unreadable(result.datasets)
+
+
+def _unreadable(datasets) -> int:
+    """6 (as `specgen run`'s "unproductive") when a dataset read rows but none of them can be
+    sent: the run would get nothing from it; 0 otherwise."""
+    empty = [d for d in datasets if d.rows_scanned and not d.rows_readable]
+    for d in empty:
+        print(f"specgen preview: dataset {d.name!r}: none of the {d.rows_scanned:,} row(s) read "
+              "is readable (every one invalid, see above): nothing would be sent for it; check "
+              "its `format` and fields", file=sys.stderr)
+    return 6 if empty else 0
 
 
 class Printer:

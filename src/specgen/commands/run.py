@@ -128,16 +128,11 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
         cmd = (f"specgen run {config}{rerun} --retry-failed" if config
                else "rerun with --retry-failed")
         print(f"  to send them again with a fresh attempt budget: {cmd}")
-    if state == "stopped" and "--ack-alarm" in reason:
-        print("  make the change the alarm names and rerun, or rerun with --ack-alarm NAME to "
-              "go on as it is (a plain rerun stops again)")
-    elif state == "stopped":
-        print("  rerun the same command to resume")
-    elif state == "unproductive":
-        print("  change what the reason names, then rerun (`--force-new` when the change "
-              "alters results: docs/engine.md, \"Exit codes\")")
-    elif state == "failed":
-        print("  fix the cause above, then rerun the same command to resume")
+    from ..run_outcome import next_step
+
+    step = next_step(state, reason)
+    if step and state != "incomplete":  # (incomplete: the --retry-failed command is above)
+        print(f"  {step}")
 
 
 def _short(text: str | None, limit: int = 200) -> str:

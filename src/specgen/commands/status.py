@@ -53,7 +53,9 @@ def print_status(s: dict) -> None:
     cap = f" / ${s['max_cost_usd']:g}" if s.get("max_cost_usd") is not None else ""
     head += f"  cost [green]${s['cost_usd']:.4f}{cap}[/green]"
     if s.get("concurrency") is not None:
-        head += f"  in flight {s.get('in_flight')} (limit {s['concurrency']})"
+        from ..display import in_flight_text
+
+        head += f"  {in_flight_text(s.get('in_flight') or 0, s['concurrency'])}"
     progress = (s.get("live") or {}).get("progress") or {}
     if progress.get("eta_s") is not None:
         from ..engine.progress import fmt_duration

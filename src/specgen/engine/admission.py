@@ -130,7 +130,8 @@ class Admission:
             ds.dirty = True
             self.book.refresh_state(ds)
         except Exception as exc:  # noqa: BLE001 - an unreadable source stops the run
-            self.stop.fail(f"dataset {ds.name!r}: {cannot_read(ds.cfg.path, exc, ds.name)}", event=None)
+            self.stop.fail(f"dataset {ds.name!r}: {cannot_read(ds.cfg.path, exc, ds.name)}",
+                           event=None, bad_input=True)
         return None
 
     def _invalid(self, ds: DsRun, row) -> bool:
@@ -142,7 +143,7 @@ class Admission:
             self.stop.fail(
                 f"invalid row in dataset {ds.name!r} at {where} (row {row.index}): "
                 f"{err.reason} — fix the row or set skip_invalid = true for this dataset",
-                event="invalid_row", dataset=ds.name, logged=False)
+                event="invalid_row", dataset=ds.name, logged=False, bad_input=True)
             return False  # not consumed: the resume cursor stays on it
         ds.rows_read = row.index + 1
         ds.dirty = True
@@ -162,7 +163,8 @@ class Admission:
         try:
             ds.rows, ds.lookahead = await asyncio.to_thread(open_source)
         except Exception as exc:  # noqa: BLE001 - a source that cannot be opened stops the run
-            self.stop.fail(f"dataset {ds.name!r}: {cannot_read(ds.cfg.path, exc, ds.name)}", event=None)
+            self.stop.fail(f"dataset {ds.name!r}: {cannot_read(ds.cfg.path, exc, ds.name)}",
+                           event=None, bad_input=True)
         finally:
             ds.opening = False
             self.wake()

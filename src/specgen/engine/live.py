@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..display import printable_data
+from ..display import in_flight_text, printable_data
 from .progress import fmt_duration
 from .scheduler import Engine
 from .status import quality_cell
@@ -91,7 +91,7 @@ def progress_line(engine: Engine) -> str:
     s = snapshot(engine)
     cap = f"/${s['max_cost_usd']:g}" if s["max_cost_usd"] is not None else ""
     parts = [
-        f"in flight {s['in_flight']}/{s['limit']}"
+        in_flight_text(s["in_flight"], s["limit"])
         + (f" ({s['limit_reason']})" if s["limit_reason"] else ""),
         f"{s['rps']:.1f} req/s", f"{_fmt_int(s['tps'])} tok/s",
         f"cost ${s['cost_usd']:.4f}{cap}" + (" (reported; no prices known)"
@@ -164,8 +164,8 @@ class LiveView:
         head = flow([
             Text.assemble(("specgen run ", "bold"), (f"[{s['state']}]", "cyan")),
             f"elapsed {fmt_duration(s['elapsed'])}",
-            f"in flight {s['in_flight']:,} (limit {s['limit']:,}/{s['max_concurrency']:,}"
-            + (f", {s['backoffs']:,} backoffs" if s["backoffs"] else "") + ")",
+            in_flight_text(s["in_flight"], s["limit"], s["max_concurrency"])
+            + (f" ({s['backoffs']:,} backoffs)" if s["backoffs"] else ""),
             f"retrying {s['retrying']:,}",
             f"{s['rps']:.1f} req/s", f"{_fmt_int(s['tps'])} tok/s",
             Text.assemble((f"${s['cost_usd']:.4f}{cap}", "green"), price_note),

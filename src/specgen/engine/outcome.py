@@ -27,12 +27,13 @@ class Outcome:
 
 def decide(*, fatal: str | None, stopping: str | None, stop_reason: str | None,
            pending: int, failed: dict[str, int], done_note: str,
-           paused: dict[str, str] | None = None) -> Outcome:
+           paused: dict[str, str] | None = None, bad_input: bool = False) -> Outcome:
     """The session's outcome. `failed`: failed tasks by error class (all sessions);
     `done_note`: what the datasets reached (budgets, limits); `paused`: datasets an alarm
-    paused (name -> why): work is left, so the run stopped."""
+    paused (name -> why): work is left, so the run stopped; `bad_input`: the fatal error is a
+    dataset's (an invalid row, a source that cannot be read): exit 2, as before the session."""
     if fatal:
-        return Outcome("failed", fatal, EXIT_FAILED)
+        return Outcome("failed", fatal, EXIT_USAGE if bad_input else EXIT_FAILED)
     if stopping:
         reason = f"{stop_reason} ({pending:,} task(s) left pending)"
         cancelled = stopping == "now" or "drain timeout" in (stop_reason or "")
@@ -63,7 +64,7 @@ def session_outcome(datasets, stop, failed: dict[str, int]) -> Outcome:
     return decide(
         fatal=stop.fatal, stopping=stop.stopping, stop_reason=stop.reason,
         pending=sum(ds.tasks.get("pending", 0) for ds in datasets),
-        failed=failed, done_note="; ".join(reached),
+        failed=failed, done_note="; ".join(reached), bad_input=stop.bad_input,
         paused={ds.name: ds.paused for ds in datasets if ds.paused is not None})
 
 

@@ -9,6 +9,7 @@ saying so. Figures only the running process knows (concurrency, rates) come from
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,15 @@ from ..queries import (
     conversation_shapes,
     count_checks_by_provider,
     detail_text,
+    early_end_note,
     failed_tasks_by_class,
     quality_events,
     quarantine_details,
     witness_sides_by_provider,
 )
+from ..run_outcome import session_state
 from ..store import Store
-from .control import heartbeat_timeout, session_alive
+from .control import heartbeat_timeout
 from .figures import LIVE_FILE
 from .providers import read_excluded
 
@@ -43,129 +46,160 @@ def _live(run_dir: Path) -> dict[str, Any] | None:
 
 
 def run_status(run_dir: str | Path) -> dict[str, Any]:
-    """The status JSON of a run dir (see docs/engine.md, "Status")."""
+    """The status JSON of a run dir (see docs/engine.md, "Status"): the store's figures read
+    once (`read_store`), the session's state (`session_state`), one entry per dataset
+    (`dataset_entry`) and per provider (`provider_entries`), and what only the running process
+    knows (`live_part`). `specgen status`, `status --json`, the run summary and the report's
+    outcome all read this."""
     run_dir = Path(run_dir)
-    with Store.open(run_dir) as store:
-        meta = store.meta()
-        sessions = store.sessions()
-        table = store.datasets_table()
-        tasks = store.task_counts()
-        convs = store.conversation_counts()
-        spend = store.spend()
-        kept = store.result_totals()
-        quarantine = store.quarantine_counts()
-        quarantine_figures = quarantine_details(store)
-        providers = store.provider_totals()
-        failures = failed_tasks_by_class(store)
-        checks = count_checks_by_provider(store)
-        sides = witness_sides_by_provider(store)
-        shapes = conversation_shapes(store)
-        events = quality_events(store)
-        batches = batch_figures(store, orjson.loads(meta.get("config_json", "{}")))
-        judgement = judge(store)
-        invalid_first = {name: invalid_row_lines(store, [name]) for name, row in table.items()
-                         if row.get("rows_invalid")}
-    hb_interval = float(meta.get("heartbeat_interval", "2.0"))
     now = time.time()
-    last = sessions[-1] if sessions else None
-    pid = last["pid"] if last else None
-    if last is None:
-        state, reason = "stopped", "never started"
-    elif last["state"] == "running":
-        if session_alive(last, heartbeat_interval=hb_interval, now=now):
-            state, reason = "running", None
-        else:
-            age = now - (last["heartbeat_at"] or last["started_at"] or now)
-            state = "stopped"
-            reason = (f"process {last['pid']} on {last['host']} ended without a clean stop "
-                      f"(last heartbeat {age:.0f}s ago); rerun to resume")
-    else:
-        state, reason = last["state"], last["stop_reason"]
-
-    cfg = orjson.loads(meta.get("config_json", "{}"))
-    cfg_ds = {d["name"]: d for d in cfg.get("datasets") or []}
-    names = list(table) + [n for n in cfg_ds if n not in table]
-    datasets: dict[str, Any] = {}
-    for name in names:
-        t = tasks.get(name, {})
-        s = spend.get(name, {})
-        k = kept.get(name, {})
-        row = table.get(name, {})
-        c = convs.get(name, {})
-        done, failed = t.get("done", 0), t.get("failed", 0)
-        pending, quar = t.get("pending", 0), t.get("quarantined", 0)
-        datasets[name] = {
-            "total": done + failed + pending + quar, "done": done, "failed": failed,
-            "pending": pending, "quarantined": quar,
-            "prompt_tokens": int(s.get("prompt_tokens", 0)),
-            "completion_tokens": int(s.get("completion_tokens", 0)),
-            "cost_usd": round(float(s.get("cost_usd", 0.0)), 9),
-            "samples": int(k.get("samples", 0)),
-            "samples_completion_tokens": int(k.get("completion_tokens", 0)),
-            "attempts": int(s.get("attempts", 0)),
-            "state": dataset_state(row.get("state", "active"), done, failed, pending),
-            "rows_read": row.get("rows_read", 0), "rows_invalid": row.get("rows_invalid", 0),
-            "invalid_reasons": invalid_first.get(name, []),
-            "rows_duplicate": row.get("rows_duplicate", 0),
-            "rows_other_shard": row.get("rows_other_shard", 0),
-            "exhausted": bool(row.get("exhausted", 0)),
-            "conversations": c,
-            "turns_per_conversation": {}, "end_reasons": {}, "tool_matches": {},
-            **shapes.get(name, {}),
-            "quarantine_reasons": quarantine.get(name, {}),
-            "quarantine_details": quarantine_figures.get(name, {}),
-            "token_budget": (cfg_ds.get(name) or {}).get("token_budget"),
-            "limit": (cfg_ds.get(name) or {}).get("limit"),
-        }
-    for name, counts in checks.items():
-        providers.setdefault(name, {"requests": 0, "outcomes": {}, "prompt_tokens": 0,
-                                    "completion_tokens": 0, "cost_usd": 0.0})
-        providers[name]["count_checks"] = counts
-        if name in sides:  # both sides of the witness (docs/quality.md, "Two sides")
-            providers[name]["witness_sides"] = sides[name]
+    with Store.open(run_dir) as store:
+        r = read_store(store)
+    last = r.sessions[-1] if r.sessions else None
+    state, reason = session_state(last, r.heartbeat_interval, now)
+    names = list(r.table) + [n for n in r.cfg_datasets if n not in r.table]
+    datasets = {name: dataset_entry(name, r) for name in names}
     out: dict[str, Any] = {
         "state": state,
-        "pid": pid if state == "running" else None,  # a current process only
-        "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in spend.values()), 9),
+        "pid": last["pid"] if last and state == "running" else None,  # a current process only
+        "cost_usd": round(sum(float(s.get("cost_usd", 0.0)) for s in r.spend.values()), 9),
         "stop_reason": reason,
         "datasets": datasets,
         "run_dir": tidy(run_dir),
-        "model": meta.get("model"),
-        "shard": meta.get("shard") or None,
-        "max_cost_usd": (cfg.get("budget") or {}).get("max_cost_usd"),
-        "prices": orjson.loads(meta["prices"]) if meta.get("prices") else None,
+        "model": r.meta.get("model"),
+        "shard": r.meta.get("shard") or None,
+        "max_cost_usd": (r.cfg.get("budget") or {}).get("max_cost_usd"),
+        "prices": orjson.loads(r.meta["prices"]) if r.meta.get("prices") else None,
         "session": None,
-        "sessions": len(sessions),
-        "providers": providers,
+        "sessions": len(r.sessions),
+        "providers": provider_entries(r),
         "quarantined": sum(d["quarantined"] for d in datasets.values()),
         "failed": sum(d["failed"] for d in datasets.values()),
-        "failures": failures,
-        "excluded_providers": read_excluded(meta),
-        "quality_events": events,
-        "judgement": judgement.as_json(),  # the run's yield (specgen.judgement)
-        "alarms": _alarms(meta, cfg),
+        "failures": r.failures,
+        "excluded_providers": read_excluded(r.meta),
+        "quality_events": r.events,
+        "judgement": r.judgement.as_json(),  # the run's yield (specgen.judgement)
+        "alarms": _alarms(r.meta, r.cfg),
     }
-    if batches is not None:
-        out["batches"] = batches
+    if r.batches is not None:
+        out["batches"] = r.batches
     if last is not None:
         out["session"] = {
-            "id": last["id"], "host": last["host"], "pid": pid,
+            "id": last["id"], "host": last["host"], "pid": last["pid"],
             "started_at": last["started_at"],
             "heartbeat_age_s": round(now - (last["heartbeat_at"] or now), 1),
             "ended_at": last["ended_at"],
         }
-    live = _live(run_dir)
-    if state == "running" and live and live.get("session") == (last or {}).get("id") \
-            and now - float(live.get("ts", 0)) <= heartbeat_timeout(hb_interval):
-        out["live"] = live
-        out["concurrency"] = live.get("concurrency_limit")
-        out["concurrency_reason"] = live.get("concurrency_reason")
-        out["in_flight"] = live.get("in_flight")
-        out["endpoint"] = live.get("endpoint")
-        out["store_problem"] = live.get("store_problem")
-        out["count_witness"] = live.get("count_witness")
-        out["quality"] = live.get("quality")
+    if state == "running":
+        out.update(live_part(run_dir, last, r.heartbeat_interval, now))
     return out
+
+
+@dataclass(slots=True)
+class StoreReads:
+    """Everything `run_status` reads from the store, in one pass of one connection."""
+
+    meta: dict[str, str]
+    cfg: dict[str, Any]
+    sessions: list[dict[str, Any]]
+    table: dict[str, dict[str, Any]]
+    tasks: dict[str, dict[str, int]]
+    convs: dict[str, dict[str, int]]
+    spend: dict[str, dict[str, float]]
+    kept: dict[str, dict[str, float]]
+    quarantine: dict[str, dict[str, int]]
+    quarantine_figures: dict[str, dict[str, dict[str, Any]]]
+    providers: dict[str, dict[str, Any]]
+    failures: dict[str, Any]
+    checks: dict[str, dict[str, int]]
+    sides: dict[str, Any]
+    shapes: dict[str, dict[str, Any]]
+    events: list[dict[str, Any]]
+    batches: dict[str, Any] | None
+    judgement: Any
+    invalid_first: dict[str, list[str]]
+
+    @property
+    def cfg_datasets(self) -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for d in self.cfg.get("datasets") or []}
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return float(self.meta.get("heartbeat_interval", "2.0"))
+
+
+def read_store(store: Store) -> StoreReads:
+    meta = store.meta()
+    cfg = orjson.loads(meta.get("config_json", "{}"))
+    table = store.datasets_table()
+    return StoreReads(
+        meta=meta, cfg=cfg, sessions=store.sessions(), table=table,
+        tasks=store.task_counts(), convs=store.conversation_counts(), spend=store.spend(),
+        kept=store.result_totals(), quarantine=store.quarantine_counts(),
+        quarantine_figures=quarantine_details(store), providers=store.provider_totals(),
+        failures=failed_tasks_by_class(store), checks=count_checks_by_provider(store),
+        sides=witness_sides_by_provider(store), shapes=conversation_shapes(store),
+        events=quality_events(store), batches=batch_figures(store, cfg), judgement=judge(store),
+        invalid_first={name: invalid_row_lines(store, [name]) for name, row in table.items()
+                       if row.get("rows_invalid")})
+
+
+def dataset_entry(name: str, r: StoreReads) -> dict[str, Any]:
+    """One dataset's figures: tasks by status, spend, kept samples, source rows, shapes."""
+    t, s, k = r.tasks.get(name, {}), r.spend.get(name, {}), r.kept.get(name, {})
+    row, cfg = r.table.get(name, {}), r.cfg_datasets.get(name) or {}
+    done, failed = t.get("done", 0), t.get("failed", 0)
+    pending, quar = t.get("pending", 0), t.get("quarantined", 0)
+    return {
+        "total": done + failed + pending + quar, "done": done, "failed": failed,
+        "pending": pending, "quarantined": quar,
+        "prompt_tokens": int(s.get("prompt_tokens", 0)),
+        "completion_tokens": int(s.get("completion_tokens", 0)),
+        "cost_usd": round(float(s.get("cost_usd", 0.0)), 9),
+        "samples": int(k.get("samples", 0)),
+        "samples_completion_tokens": int(k.get("completion_tokens", 0)),
+        "attempts": int(s.get("attempts", 0)),
+        "state": dataset_state(row.get("state", "active"), done, failed, pending),
+        "rows_read": row.get("rows_read", 0), "rows_invalid": row.get("rows_invalid", 0),
+        "invalid_reasons": r.invalid_first.get(name, []),
+        "rows_duplicate": row.get("rows_duplicate", 0),
+        "rows_other_shard": row.get("rows_other_shard", 0),
+        "exhausted": bool(row.get("exhausted", 0)),
+        "conversations": r.convs.get(name, {}),
+        "turns_per_conversation": {}, "end_reasons": {}, "tool_matches": {},
+        **r.shapes.get(name, {}),
+        "quarantine_reasons": r.quarantine.get(name, {}),
+        "quarantine_details": r.quarantine_figures.get(name, {}),
+        "token_budget": cfg.get("token_budget"),
+        "limit": cfg.get("limit"),
+    }
+
+
+def provider_entries(r: StoreReads) -> dict[str, dict[str, Any]]:
+    """Per provider: attempts by outcome, tokens, cost, the samples by count check and both
+    sides of the witness (docs/quality.md, "Two sides")."""
+    providers = {name: dict(v) for name, v in r.providers.items()}
+    for name, counts in r.checks.items():
+        p = providers.setdefault(name, {"requests": 0, "outcomes": {}, "prompt_tokens": 0,
+                                        "completion_tokens": 0, "cost_usd": 0.0})
+        p["count_checks"] = counts
+        if name in r.sides:
+            p["witness_sides"] = r.sides[name]
+    return providers
+
+
+def live_part(run_dir: Path, last: dict[str, Any] | None, heartbeat_interval: float,
+              now: float) -> dict[str, Any]:
+    """What only the running process knows (live.json), when it is this session's and fresh."""
+    live = _live(run_dir)
+    if not live or live.get("session") != (last or {}).get("id") \
+            or now - float(live.get("ts", 0)) > heartbeat_timeout(heartbeat_interval):
+        return {}
+    return {"live": live, "concurrency": live.get("concurrency_limit"),
+            "concurrency_reason": live.get("concurrency_reason"),
+            "in_flight": live.get("in_flight"), "endpoint": live.get("endpoint"),
+            "store_problem": live.get("store_problem"),
+            "count_witness": live.get("count_witness"), "quality": live.get("quality")}
 
 
 def _alarms(meta: dict[str, str], cfg: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -195,6 +229,8 @@ def conversation_lines(d: dict[str, Any]) -> list[str]:
     if d.get("conversations"):
         lines.append("conversations: " + conversation_counts(d["conversations"],
                                                            d.get("end_reasons")))
+        if note := early_end_note(d.get("end_reasons")):
+            lines.append(note)
     turns = d.get("turns_per_conversation") or {}
     if turns:
         n = sum(turns.values())

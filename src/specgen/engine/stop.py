@@ -25,6 +25,9 @@ class StopState:
         self.reason: str | None = None
         self.kind: str | None = None  # user | account | unreachable | store | alarm | quality
         self.fatal: str | None = None  # why the run must stop (fatal error, bad row)
+        # the fatal error is the input's (a dataset row or source the run cannot use): exit 2,
+        # as when the same mistake is found before the session starts
+        self.bad_input = False
         self.now = asyncio.Event()  # set when in-flight requests are to be cancelled
 
     @property
@@ -56,13 +59,14 @@ class StopState:
         self.wake()
 
     def fail(self, message: str, *, event: str | None = "fatal", dataset: str | None = None,
-             provider: str | None = None, logged: bool = True) -> bool:
+             provider: str | None = None, logged: bool = True, bad_input: bool = False) -> bool:
         """The run must stop with this error (the first one wins; False if one was set):
         recorded as an `event` of that kind (None: none) and logged unless `logged` is
-        False (the caller said it already)."""
+        False (the caller said it already). `bad_input`: the error is a dataset's (exit 2)."""
         if self.fatal:
             return False
         self.fatal = message
+        self.bad_input = bad_input
         if event:
             self.events.add(event, dataset, provider, message)
         if logged:

@@ -158,8 +158,14 @@ def default_out(run_dir: Path, opts: ExportOptions) -> Path:
     return base / opts.format if opts.as_directory else base / f"{opts.format}{opts.extension()}"
 
 
-def manifest_path(out: Path, split: bool) -> Path:
-    return out / "manifest.json" if split else out.with_name(out.stem + ".manifest.json")
+def manifest_path(out: Path, split: bool, jsonl_tokens: bool = False) -> Path:
+    """Where an export's manifest goes: `manifest.json` inside a directory, `NAME.manifest.json`
+    next to a file `NAME.EXT`, and `NAME.jsonl.manifest.json` next to the JSONL form of the
+    tokens format (`--jsonl`), which shares its NAME with the Parquet form: each has its own
+    manifest, so neither describes the other's file."""
+    if split:
+        return out / "manifest.json"
+    return out.with_name((out.name if jsonl_tokens else out.stem) + ".manifest.json")
 
 
 def safe_name(name: str) -> str:
@@ -206,7 +212,8 @@ def export_run(run_dir: str | Path, opts: ExportOptions) -> dict[str, Any]:
                 f"(datasets: {', '.join(names) or 'none'})")
         selected = [d for d in names if not opts.datasets or d in opts.datasets]
         meta = store.meta()
-        stage = Staging(out, opts.as_directory)
+        stage = Staging(out, opts.as_directory,
+                        jsonl_tokens=opts.format == "tokens" and opts.jsonl)
         try:
             sample_filter = SampleFilter(
                 min_trainable_tokens=opts.min_trainable_tokens,
@@ -255,9 +262,9 @@ class Staging:
     Temporary names left by killed exports (their pid no longer running) are removed first.
     """
 
-    def __init__(self, out: Path, split: bool):
+    def __init__(self, out: Path, split: bool, jsonl_tokens: bool = False):
         self.out = out
-        self.manifest = manifest_path(out, split)
+        self.manifest = manifest_path(out, split, jsonl_tokens)
         self.files: list[tuple[Path, Path]] = []  # (temporary, final) data files
         self.manifest_temp: Path | None = None
         self.dir_temp: Path | None = None

@@ -17,7 +17,7 @@ Files, in one directory (default RUN_DIR/exports/vocab/):
   speculators' trainer looks for in its data dir): speculators' layout (`np.load`); written
   without numpy;
 * `token_freq.json`: {"token id": count}, every trained token seen;
-* with torch installed (`pip install 'specgen[vocab]'`): `token_freq.pt` (speculators:
+* with torch installed (`TORCH_INSTALL`: a CPU build is enough): `token_freq.pt` (speculators:
   `torch.save` of {id: count}) and `vocab_mapping.pt` (SpecForge's `load_vocab_mapping`:
   `torch.save` of {"d2t": LongTensor, "t2d": BoolTensor}); without torch the manifest says
   they were not written and why.
@@ -37,6 +37,8 @@ from ..store import ResultRow
 from .tokens import exported_ids
 
 DEFAULT_DRAFT_VOCAB = 32000
+# torch for the .pt files: its CPU build (no CUDA wheels, a few hundred MB) is all they need
+TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 
 
 class VocabError(ValueError):
@@ -73,7 +75,9 @@ def draft_vocab(counts: Counter[int], draft_size: int, target_size: int,
         raise VocabError(f"--draft-vocab-size must be at least 1 (got {draft_size})")
     if draft_size > target_size:
         raise VocabError(f"--draft-vocab-size {draft_size:,} is larger than the target's "
-                         f"vocabulary ({target_size:,} ids)")
+                         f"vocabulary ({target_size:,} ids): give at most {target_size:,}, or "
+                         "leave --draft-vocab-size out (default: 32,000, or the whole target "
+                         "vocabulary when smaller)")
     seen_max = max(counts, default=-1)
     if seen_max >= target_size:
         raise VocabError(f"the samples hold token id {seen_max:,}, outside the target's "
@@ -145,8 +149,8 @@ def write_vocab_files(stage, out: Path, counts: Counter[int], draft_size: int,
         import torch
     except ImportError:
         torch_note = ("torch is not installed: token_freq.pt (speculators) and "
-                      "vocab_mapping.pt (SpecForge) were not written; pip install "
-                      "'specgen[vocab]' and export again")
+                      "vocab_mapping.pt (SpecForge) were not written; install torch (a CPU "
+                      f"build is enough: {TORCH_INSTALL}) and export again")
     else:
         tmp = stage.temp_for(out / "token_freq.pt")
         torch.save({int(k): int(v) for k, v in sorted(counts.items())}, tmp)

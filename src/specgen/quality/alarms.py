@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from .observe import OWN_FIGURE, SCHEMA_FAILURES, Observation, Rolling
+from .observe import OWN_FIGURE, SCHEMA_FAILURES, UNKNOWN, Observation, Rolling
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +142,8 @@ class Alarm:
     def message(self) -> str:
         r = self.rule
         sign = "<" if r.below else ">"
-        ex = ", ".join(f"task {e['task']} ({e['provider']})" for e in self.examples)
+        ex = ", ".join(f"task {e['task']} ({example_provider(e['provider'])})"
+                       for e in self.examples)
         why = ", ".join(f"{k} {v}" for k, v in self.reasons.items())
         return (f"alarm {r.name} on dataset {self.dataset!r}: {100 * self.share:.0f}% of the "
                 f"last {self.samples} {r.what} ({sign} {100 * r.threshold:g}% after "
@@ -281,3 +282,8 @@ class DatasetAlarms:
             if self.fired.get(ds):
                 out[ds]["fired"] = list(self.fired[ds])
         return out
+
+
+def example_provider(name: str) -> str:
+    """An example's provider as words: `(unknown)` would read `task 61 ((unknown))`."""
+    return "no provider named" if name == UNKNOWN else name

@@ -4,10 +4,9 @@ live prices. Added to the "Budget and stops" section when the run has batches.""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
-from ..batch_queries import batch_figures, running_batches
+from ..batch_queries import batch_figures, batch_rows, running_batches
 from .sections import Section, Table, ts, usd
 
 
@@ -15,22 +14,20 @@ def add_batch_timeline(sections: list[Section], store: Any, config: dict[str, An
     figures = batch_figures(store, config)
     if figures is None:
         return
-    try:
-        rows = store.conn.execute(
-            "SELECT id, provider_id, session, state, lines, completed, failed, created_at, "
-            "updated_at FROM batches ORDER BY created_at").fetchall()
-    except sqlite3.OperationalError:
-        return
     etas = {b["id"]: b["eta_s"] for b in running_batches(store)}
+    # lines as the run judged them (as `status` counts them), then the provider's own counts
     table = Table("Batches (timeline)", ["batch", "provider id", "session", "state", "lines",
-                                          "completed", "failed", "submitted", "last seen",
-                                          "took", "ETA"],
-                  [[bid, pid or "—", str(session), state, lines, completed or 0, failed or 0,
-                    ts(created), ts(updated),
-                    f"{updated - created:,.0f}s" if updated and created else "—",
-                    "—" if etas.get(bid) is None else f"{etas[bid]:,.0f}s"]
-                   for bid, pid, session, state, lines, completed, failed, created, updated
-                   in rows])
+                                          "answered", "retried", "waiting",
+                                          "provider: completed/failed", "submitted",
+                                          "last seen", "took", "ETA"],
+                  [[b["id"], b["provider_id"] or "—", str(b["session"]), b["state"],
+                    b["lines"], b["answered"], b["errors"], b["waiting"],
+                    f"{b['provider_completed']}/{b['provider_failed']}",
+                    ts(b["created_at"]), ts(b["updated_at"]),
+                    f"{b['updated_at'] - b['created_at']:,.0f}s"
+                    if b["updated_at"] and b["created_at"] else "—",
+                    "—" if etas.get(b["id"]) is None else f"{etas[b['id']]:,.0f}s"]
+                   for b in batch_rows(store) or []])
     target = next((s for s in sections if s.id == "budget-stop"), sections[-1])
     target.tables.append(table)
     target.notes.append(

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from ..run_outcome import Banner
 from .sections import Section
 
 BAR = 40
 CELL = 110  # longest cell shown in the terminal (long error messages are clipped)
 
 
-def render_text(sections: list[Section], title: str) -> str:
+def render_text(sections: list[Section], title: str, banner: Banner | None = None) -> str:
     out = [title, "=" * len(title)]
+    if banner is not None:  # the outcome first
+        out += ["", f">> {banner.headline.upper()}", f"   why: {banner.cause}"]
+        if banner.todo:
+            out.append(f"   what to do: {banner.todo}")
     for s in sections:
         out += ["", s.title, "-" * len(s.title)]
         out += [f"  !! {a}" for a in s.alerts]

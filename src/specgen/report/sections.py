@@ -9,7 +9,8 @@ from typing import Any
 
 from .. import witness_sides
 from ..exclusions import read_excluded
-from ..queries import conversation_counts, detail_text
+from ..planner import TOOL_LOOP_ENDS
+from ..queries import conversation_counts, detail_text, early_end_note
 from . import svg
 from .stats import RunStats, percentile
 
@@ -98,13 +99,13 @@ def _summary(s: RunStats, run_dir: str) -> Section:
         ["billed, all attempts", usd(t["billed_usd"])],
         ["invalid source rows", _invalid(s)],
     ]
-    return Section("summary", "Summary", [Table("Run", ["", ""], rows)],
-                   notes=_outcome_notes(s))
+    # the outcome, its cause and what to do open the report (its banner: specgen.run_outcome)
+    return Section("summary", "Summary", [Table("Run", ["", ""], rows)])
 
 
 def _outcome_rows(s: RunStats) -> list[list[Any]]:
     """The run's outcome first: the last session's state and its yield (the reason and the
-    change to make are the section's first note, never clipped)."""
+    change to make are in the banner above, never clipped)."""
     last = s.sessions[-1] if s.sessions else None
     j = s.judgement
     if j is None or not j.answered:
@@ -117,21 +118,11 @@ def _outcome_rows(s: RunStats) -> list[list[Any]]:
             ["yield", yield_text]]
 
 
-def _outcome_notes(s: RunStats) -> list[str]:
-    last = s.sessions[-1] if s.sessions else None
-    notes = []
-    if last is not None:
-        notes.append(f"outcome: {last['state']} — {last['stop_reason'] or 'no reason recorded'}")
-    j = s.judgement
-    if j is not None and j.verdict and (last is None or j.verdict not in
-                                        (last["stop_reason"] or "")):
-        notes.append(f"what to change: {j.verdict}")
-    return notes
-
-
 def _conversations(s: RunStats) -> str:
     """Conversations by status, with why those that ended early did, where it is counted."""
-    return conversation_counts(s.conversations, s.end_reasons) or "0"
+    text = conversation_counts(s.conversations, s.end_reasons) or "0"
+    note = early_end_note(dict(s.end_reasons))
+    return f"{text}; {note}" if note else text
 
 
 def _invalid(s: RunStats) -> str:
@@ -278,8 +269,9 @@ def _repairs(s: RunStats) -> Section:
               [[ds, reason, detail_text(fig)] for ds, by in sorted(s.quarantine_details.items())
                for reason, fig in sorted(by.items())]),
         Table("Conversations ended early (the planner stopped before the dataset's last turn, "
-              "or an answer was quarantined)", ["end reason", "conversations"],
-              s.end_reasons.most_common()),
+              "or an answer was quarantined)", ["end reason", "conversations", "expected?"],
+              [[r, n, "yes: the model left the recorded tool loop" if r in TOOL_LOOP_ENDS
+                else "no"] for r, n in s.end_reasons.most_common()]),
         Table("Turns per conversation (samples)", ["dataset", "turns", "conversations"],
               [[ds, n, c] for ds, v in s.shapes.items()
                for n, c in v["turns_per_conversation"].items()]),

@@ -99,10 +99,15 @@ def collect(store) -> RunStats:
         d.update(samples=r[1], prompt_tokens=r[2] or 0, completion_tokens=r[3] or 0,
                  reasoning_tokens=r[4] or 0, sample_tokens=r[5] or 0, trained_tokens=r[6] or 0,
                  cost_usd=r[7] or 0.0)
-    for r in q("SELECT t.dataset, COUNT(*), SUM(a.outcome != 'ok'), SUM(a.cost_usd) "
-               "FROM attempts a JOIN tasks t ON t.id = a.task GROUP BY t.dataset"):
-        d = per_ds.setdefault(r[0], {"dataset": r[0], **blank})
-        d.update(attempts=r[1], failed_attempts=r[2] or 0, billed_usd=r[3] or 0.0)
+    # attempts and what they cost: the store's totals, as `specgen status` reads them
+    kept = store.result_totals()
+    for ds, spent in store.spend().items():
+        if ds is None:
+            continue
+        d = per_ds.setdefault(ds, {"dataset": ds, **blank})
+        attempts = int(spent["attempts"])
+        d.update(attempts=attempts, billed_usd=spent["cost_usd"],
+                 failed_attempts=attempts - int((kept.get(ds) or {}).get("samples", 0)))
     for r in q("SELECT dataset, COUNT(*) FROM conversations GROUP BY dataset"):
         if r[0] in per_ds:
             per_ds[r[0]]["conversations"] = r[1]
@@ -114,9 +119,9 @@ def collect(store) -> RunStats:
                "SUM(completion_tokens), SUM(cost_usd) FROM results GROUP BY 1", UNK):
         providers[r[0]].update(samples=r[1], prompt_tokens=r[2] or 0,
                                completion_tokens=r[3] or 0, cost_usd=r[4] or 0.0)
-    for r in q("SELECT COALESCE(provider, ?), COUNT(*), SUM(outcome != 'ok'), SUM(cost_usd) "
-               "FROM attempts GROUP BY 1", UNK):
-        providers[r[0]].update(attempts=r[1], failed_attempts=r[2] or 0, billed_usd=r[3] or 0.0)
+    for name, v in store.provider_totals().items():  # as `specgen status` reads them
+        providers[name].update(attempts=v["requests"], billed_usd=v["cost_usd"],
+                               failed_attempts=v["requests"] - v["outcomes"].get("ok", 0))
     try:  # what each provider's own token counts said of its kept samples
         checks = q("SELECT COALESCE(provider, ?), COALESCE(count_check, 'unchecked'), "
                    "COUNT(*) FROM results GROUP BY 1, 2 ORDER BY 1, 2", UNK).fetchall()
@@ -187,7 +192,7 @@ def collect(store) -> RunStats:
         conversations=Counter(dict(q("SELECT status, COUNT(*) FROM conversations GROUP BY 1"))),
         end_reasons=Counter(dict(q("SELECT end_reason, COUNT(*) FROM conversations "
                                    "WHERE end_reason IS NOT NULL GROUP BY 1"))),
-        tasks=Counter(dict(q("SELECT status, COUNT(*) FROM tasks GROUP BY 1"))),
+        tasks=sum((Counter(v) for v in store.task_counts().values()), Counter()),
         lengths=dict(lengths), finish_reasons=dict(finish), native_finish_reasons=native,
         error_classes=errors, errors_over_time=_buckets(times), events=events,
         recent_events=recent, latency=dict(latency), repairs=repairs, flags=flags,
