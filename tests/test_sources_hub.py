@@ -280,3 +280,106 @@ def test_config_rejects_a_malformed_hub_path(tmp_path):
     r = run_cli(cfg)
     assert r.returncode == 2
     assert "hf://datasets/OWNER/NAME" in r.stderr
+
+
+# -- the recipe: examples/hub-mix.toml against small copies shaped like each dataset ---------
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+def recipe_copies(hub: FakeHub) -> None:
+    """Each recipe dataset at its real repo name, layout and field names (a few rows)."""
+    glaive = [json.loads(line) for line in
+              (EXAMPLES / "data" / "glaive_tools.jsonl").read_text().splitlines() if line]
+    hub.commit("glaiveai/glaive-function-calling-v2", {
+        "README.md": b"---\nlicense: apache-2.0\ntask_categories:\n- text-generation\n---\n",
+        "glaive-function-calling-v2.json": json.dumps(glaive, indent=2).encode()})
+    mot = [json.loads(line) for line in
+           (EXAMPLES / "data" / "reasoning.jsonl").read_text().splitlines() if line]
+    configs = "".join(f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n"
+                      for c in ("all", "code", "math", "science"))
+    hub.commit("open-r1/Mixture-of-Thoughts", {
+        "README.md": f"---\nconfigs:\n{configs}---\n# Mixture-of-Thoughts\n".encode(),
+        "all/train-00000-of-00002.parquet": parquet(mot[:2]),
+        "all/train-00001-of-00002.parquet": parquet(mot[2:]),
+        "math/train-00000-of-00001.parquet": parquet(mot[:1])})
+    chat = [{"prompt": f"Tell me about topic {i}.", "prompt_id": f"uc{i:04d}", "messages": [
+        {"role": "user", "content": f"Tell me about topic {i}."},
+        {"role": "assistant", "content": f"Topic {i} is interesting."},
+        {"role": "user", "content": "Give one more detail."},
+        {"role": "assistant", "content": "Here is one more."}]} for i in range(4)]
+    splits = "".join(f"  - split: {s}\n    path: data/{s}-*\n"
+                     for s in ("train_sft", "test_sft", "train_gen", "test_gen"))
+    hub.commit("HuggingFaceH4/ultrachat_200k", {
+        "README.md": f"---\nlicense: mit\nconfigs:\n- config_name: default\n  data_files:\n"
+                     f"{splits}---\n".encode(),
+        "data/train_sft-00000-of-00001-0a1b2c3d.parquet": parquet(chat),
+        "data/test_sft-00000-of-00001-4e5f6a7b.parquet": parquet(chat[:1]),
+        "data/train_gen-00000-of-00001-8c9d0e1f.parquet": parquet(chat[:2])})
+
+
+def recipe_for_sim(tmp_path) -> object:
+    """examples/hub-mix.toml as it ships, pointed at the simulator and kept small."""
+    text = (EXAMPLES / "hub-mix.toml").read_text()
+    subs = [(r'run_dir = ".*"', f'run_dir = "{tmp_path / "mix-dir"}"'),
+            (r'base_url = ".*"', 'base_url = "sim"\nreturn_token_ids = true'),
+            (r'tokenizer = ".*?"', 'tokenizer = "demo"'),
+            (r"limit = [\d_]+", "limit = 2")]
+    import re
+
+    for pattern, new in subs:
+        text, n = re.subn(pattern, new, text)
+        assert n, pattern
+    sim = tmp_path / "mix-sim.toml"
+    sim.write_text("[length]\ndistribution = \"fixed\"\ntokens = 16\n[tool_calls]\nrate = 0.9\n"
+                   "rate_after_result = 0.05\n[[providers]]\nname = \"P\"\ntag = \"p/int4\"\n"
+                   "quantization = \"int4\"\nprompt_price_per_m = 0.6\n"
+                   "completion_price_per_m = 3.0\nlatency_s = 0.0\n")
+    text = text.replace("[[dataset]]", f'[sim]\nconfig = "{sim}"\n\n[[dataset]]', 1)
+    path = tmp_path / "hub-mix.toml"
+    path.write_text(text)
+    return path
+
+
+def test_recipe_previews_and_runs_against_the_simulator(tmp_path, hub):
+    from test_engine_support import ENV
+
+    recipe_copies(hub)
+    cfg = recipe_for_sim(tmp_path)
+    env = {**ENV, **hf_env(tmp_path, hub), "OPENROUTER_API_KEY": "sk-test"}
+    r = subprocess.run([*SPECGEN, "preview", str(cfg), "--no-color"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    for f in ("glaive-function-calling-v2.json", "all/train-00000-of-00002.parquet",
+              "data/train_sft-00000-of-00001-0a1b2c3d.parquet"):
+        assert f in r.stdout
+    assert "math/train" not in r.stdout and "test_sft" not in r.stdout
+    assert not [q for q in hub.requests if q[0] == "GET" and "/resolve/" in q[1]
+                and not q[1].endswith("README.md")]
+    r2 = subprocess.run([*SPECGEN, "preview", str(cfg), "--download", "--json", "-n", "1"],
+                        capture_output=True, text=True, timeout=120, env=env)
+    assert r2.returncode == 0, r2.stderr
+    by = {d["name"]: d for d in json.loads(r2.stdout)["datasets"]}
+    glaive = by["glaive"]["samples"][0]["body"]
+    assert glaive["tools"][0]["type"] == "function"  # definitions sent as real tools
+    assert "{" not in glaive["messages"][0]["content"]  # not left in the system text
+    assert by["glaive"]["format"] == "glaive"
+    reasoning = by["reasoning"]["samples"][0]["body"]
+    assert reasoning["messages"][-1]["role"] == "user" and "tools" not in reasoning
+    assert by["reasoning"]["hub"]["subset"] == "all" and len(by["reasoning"]["hub"]["files"]) == 2
+    chat = by["chat"]["samples"][0]
+    assert by["chat"]["hub"]["split"] == "train_sft"
+    assert chat["conversation_id"].startswith("uc")  # prompt_id is the conversation id
+    run = run_cli(cfg, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    run_dir = tmp_path / "mix-dir"
+    for name in ("glaive", "reasoning", "chat"):
+        assert count(run_dir, "SELECT COUNT(*) FROM results r JOIN tasks t ON t.id=r.task "
+                     "JOIN conversations c ON c.id=t.conversation WHERE c.dataset=?",
+                     (name,)) > 0, name
+    with Store.open(run_dir) as s:
+        pins = {k: json.loads(v) for k, v in s.meta().items() if k.startswith("hub:")}
+    assert {p["repo"] for p in pins.values()} == {
+        "glaiveai/glaive-function-calling-v2", "open-r1/Mixture-of-Thoughts",
+        "HuggingFaceH4/ultrachat_200k"}
