@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import subprocess
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from hub_server import FakeHub
+from specgen.store import Store
 from test_engine_support import (
+    ENV,
     SPECGEN,
     check_store,
     count,
@@ -23,8 +28,6 @@ from test_engine_support import (
     wait_for,
     write_config,
 )
-
-from specgen.store import Store
 
 CONFIGS_README = b"""---
 license: mit
@@ -258,8 +261,6 @@ def test_preview_lists_files_and_sizes_before_downloading_anything(tmp_path, hub
                            "chat/test-00000-of-00001.parquet": parquet(chat_rows(2, "q"))})
     cfg = hub_config(tmp_path, {"path": "hf://datasets/org/mix", "subset": "chat"})
     env = hf_env(tmp_path, hub)
-    from test_engine_support import ENV
-
     r = subprocess.run([*SPECGEN, "preview", str(cfg), "--no-color"], capture_output=True,
                        text=True, timeout=120, env={**ENV, **env})
     assert r.returncode == 0, r.stderr
@@ -284,8 +285,7 @@ def test_config_rejects_a_malformed_hub_path(tmp_path):
 
 # -- the recipe: examples/hub-mix.toml against small copies shaped like each dataset ---------
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
-EXAMPLES = REPO / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def recipe_copies(hub: FakeHub) -> None:
@@ -326,8 +326,6 @@ def recipe_for_sim(tmp_path) -> object:
             (r'base_url = ".*"', 'base_url = "sim"\nreturn_token_ids = true'),
             (r'tokenizer = ".*?"', 'tokenizer = "demo"'),
             (r"limit = [\d_]+", "limit = 2")]
-    import re
-
     for pattern, new in subs:
         text, n = re.subn(pattern, new, text)
         assert n, pattern
@@ -343,8 +341,6 @@ def recipe_for_sim(tmp_path) -> object:
 
 
 def test_recipe_previews_and_runs_against_the_simulator(tmp_path, hub):
-    from test_engine_support import ENV
-
     recipe_copies(hub)
     cfg = recipe_for_sim(tmp_path)
     env = {**ENV, **hf_env(tmp_path, hub), "OPENROUTER_API_KEY": "sk-test"}

@@ -13,7 +13,6 @@ request). Nothing here knows about runs: pinning a plan to a run is the engine's
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -141,15 +140,16 @@ def current_commit(repo: str, revision: str) -> str | None:
     if _SHA.match(revision) or constants.is_offline_mode():
         return None
     try:
-        return _listing(repo, revision, files=False)[0]
+        return _listing(repo, revision, files=False, timeout=10)[0]
     except Exception:  # noqa: BLE001 - only a note depends on it
         return None
 
 
-def _listing(repo: str, revision: str, files: bool = True) -> tuple[str, dict[str, int | None]]:
+def _listing(repo: str, revision: str, files: bool = True, timeout: float | None = None
+             ) -> tuple[str, dict[str, int | None]]:
     from huggingface_hub import HfApi
 
-    info = HfApi().dataset_info(repo, revision=revision, files_metadata=files)
+    info = HfApi().dataset_info(repo, revision=revision, files_metadata=files, timeout=timeout)
     return info.sha, {s.rfilename: s.size for s in (info.siblings or [])}
 
 
@@ -173,9 +173,8 @@ def _conversion(plan: HubPlan, name: str) -> HubPlan:
     try:
         sha, files = _listing(plan.repo, CONVERSION)
     except Exception as exc:  # noqa: BLE001
-        raise HubError(f"dataset {name!r}: {PREFIX}{plan.repo} holds only a loading script "
-                       f"and its {CONVERSION} branch cannot be read: "
-                       f"{_hub_error(exc, plan.repo, name, CONVERSION)}") from None
+        raise HubError(f"{_hub_error(exc, plan.repo, name, CONVERSION)} (the repo holds only "
+                       f"a loading script, so its {CONVERSION} branch is read)") from None
     plan.layout, plan.data_revision = CONVERSION, sha
     subsets = sorted({f.split("/")[0] for f in files if f.endswith(".parquet") and "/" in f})
     subset = plan.subset or _only(subsets, "default", "subset", name, plan.repo)
@@ -258,7 +257,10 @@ def _glob(pattern: str, path: str) -> bool:
     """HF data_files patterns: `*` stays inside a folder, `**` crosses folders."""
     rx = re.escape(pattern).replace(r"\*\*/", "(?:.*/)?").replace(r"\*\*", ".*")
     rx = rx.replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
-    return re.fullmatch(rx, path) is not None or fnmatch.fnmatchcase(path, pattern + "/*")
+    if re.fullmatch(rx, path) is not None:
+        return True
+    # a folder named without wildcards stands for every file below it
+    return not any(c in pattern for c in "*?[") and path.startswith(pattern.rstrip("/") + "/")
 
 
 def _standard(data, subset, split, name, repo) -> tuple[list[str], str | None]:
@@ -370,8 +372,8 @@ def download_plan(plan: HubPlan, name: str) -> list[Path]:
         except HubError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise HubError(f"dataset {name!r}: cannot download {f.path} of {plan.describe()}: "
-                           f"{_hub_error(exc, plan.repo, name, plan.read_at)}") from None
+            raise HubError(f"{_hub_error(exc, plan.repo, name, plan.read_at)} (downloading "
+                           f"{f.path} of {plan.describe()})") from None
     return [cached_path(plan, f) or _never(f) for f in plan.files]
 
 
