@@ -71,3 +71,19 @@ def test_hub_paths(path, repo):
 def test_bad_hub_paths_name_the_form(bad):
     with pytest.raises(HubError, match="hf://datasets/OWNER/NAME"):
         hub_repo(bad)
+
+
+def test_merge_refuses_shards_that_pinned_different_hub_commits(tmp_path):
+    import json as _json
+
+    from specgen.merge import MergeError, _check_compatible
+
+    def meta(commit: str) -> dict[str, str]:
+        return {"config_hash": "h", "tokenizer_fingerprint": "t", "renderer": "r",
+                "hub:chat": _json.dumps({"repo": "o/n", "revision": "main", "commit": commit,
+                                         "subset": None, "split": "train", "files": []})}
+
+    ins = [tmp_path / "a", tmp_path / "b"]
+    _check_compatible(ins, [meta("1" * 40), meta("1" * 40)])
+    with pytest.raises(MergeError, match="'chat' was read at different Hub commits"):
+        _check_compatible(ins, [meta("1" * 40), meta("2" * 40)])
