@@ -379,3 +379,26 @@ def test_recipe_previews_and_runs_against_the_simulator(tmp_path, hub):
     assert {p["repo"] for p in pins.values()} == {
         "glaiveai/glaive-function-calling-v2", "open-r1/Mixture-of-Thoughts",
         "HuggingFaceH4/ultrachat_200k"}
+
+
+def test_probe_takes_canaries_from_a_cached_hub_dataset_and_downloads_nothing(
+        tmp_path, hub, monkeypatch):
+    from huggingface_hub import constants
+
+    from specgen.config import load_config
+    from specgen.probe.suite import config_canaries
+
+    hub.commit("org/plain", {"data/train-0.parquet": parquet(chat_rows(3, "pr"))})
+    cfg_path = hub_config(tmp_path, {"path": "hf://datasets/org/plain"})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    tools, plain = config_canaries(load_config(cfg_path))
+    assert tools == plain == []  # nothing cached: no canaries, no download
+    assert hub.requests == []
+    r = subprocess.run([*SPECGEN, "preview", str(cfg_path), "--download", "--json"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**ENV, **hf_env(tmp_path, hub)})
+    assert r.returncode == 0, r.stderr
+    hub.requests.clear()
+    tools, plain = config_canaries(load_config(cfg_path))
+    assert [c.id for c in plain] == ["d/pr0", "d/pr1", "d/pr2"]
+    assert hub.requests == []

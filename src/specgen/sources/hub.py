@@ -208,7 +208,9 @@ def _yaml_configs(repo: str, commit: str, files: dict) -> list[dict[str, Any]]:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.repocard import metadata_load
 
-    local = hf_hub_download(repo, "README.md", repo_type="dataset", revision=commit)
+    local = _repo_cache(repo) / "snapshots" / commit / "README.md"
+    if not local.is_file():
+        local = Path(hf_hub_download(repo, "README.md", repo_type="dataset", revision=commit))
     meta = metadata_load(local) or {}
     configs = meta.get("configs")
     return [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else []
@@ -343,6 +345,18 @@ def _plan_offline(repo, revision, subset, split, name, why) -> HubPlan:
                       if _conversion_split(f, sub) == spl]
         return plan
     return _choose(repo, revision, commit, files, subset, split, name)
+
+
+def cached_files(repo: str, revision: str | None, subset: str | None, split: str | None,
+                 name: str) -> list[Path] | None:
+    """The files a Hub dataset reads when the cache holds all of them (no network), else None."""
+    try:
+        plan = _plan_offline(repo, revision or "main", subset, split, name, "cache only")
+    except HubError:
+        return None
+    if missing_files(plan):
+        return None
+    return [p for f in plan.files if (p := cached_path(plan, f)) is not None]
 
 
 # -- downloading --------------------------------------------------------------------------
