@@ -87,3 +87,11 @@ def test_merge_refuses_shards_that_pinned_different_hub_commits(tmp_path):
     _check_compatible(ins, [meta("1" * 40), meta("1" * 40)])
     with pytest.raises(MergeError, match="'chat' was read at different Hub commits"):
         _check_compatible(ins, [meta("1" * 40), meta("2" * 40)])
+
+
+def test_metadata_json_files_are_not_data():
+    from specgen.sources.hub import _is_data
+
+    assert not _is_data("dataset_infos.json") and not _is_data("sub/dataset_info.json")
+    assert not _is_data(".cache/train.jsonl")
+    assert _is_data("data/train.json") and _is_data("train.jsonl.gz")

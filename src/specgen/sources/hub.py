@@ -300,9 +300,14 @@ def _only(options: list[str], prefer: str, what: str, name: str, repo: str) -> s
                    f"({', '.join(options)}); set `{what}` in the [[dataset]] table")
 
 
+METADATA_FILES = ("dataset_info.json", "dataset_infos.json", "state.json",
+                  "dataset_dict.json")
+
+
 def _is_data(path: str) -> bool:
     low = path.lower()
-    return low.endswith(DATA_SUFFIXES) and not any(p.startswith(".") for p in path.split("/"))
+    return (low.endswith(DATA_SUFFIXES) and low.rsplit("/", 1)[-1] not in METADATA_FILES
+            and not any(p.startswith(".") for p in path.split("/")))
 
 
 # -- offline ------------------------------------------------------------------------------
