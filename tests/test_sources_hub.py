@@ -197,6 +197,7 @@ def test_gated_dataset_without_token_says_so_and_the_token_never_shows(tmp_path,
 
 def test_loading_script_repo_reads_its_parquet_conversion(tmp_path, hub):
     main = hub.commit("org/scripted", {"scripted.py": b"# a loading script\n",
+                                       "dataset_infos.json": b"{}",
                                        "README.md": b"# card without configs\n"})
     conv = hub.commit("org/scripted", {
         "default/train/0000.parquet": parquet(chat_rows(3, "c")),
