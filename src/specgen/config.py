@@ -173,7 +173,11 @@ class DatasetConfig:
     turns: Literal["last", "all", "first"] = "last"
     skip_invalid: bool = False
     on_length: Literal["drop", "keep"] = "drop"
-    split: str | None = None  # for HF datasets folders with several splits
+    split: str | None = None  # for HF datasets folders with several splits, and Hub datasets
+    # `path = "hf://datasets/OWNER/NAME"` (specgen.sources.hub): the branch, tag or commit, and
+    # the subset (the Hub's config name); the commit is pinned in the run at its first session
+    revision: str | None = None
+    subset: str | None = None
     weight: float | None = None
     # Rewrite tool-call ids to the model's native form (functions.{name}:{k}); None = on for
     # the Kimi renderers (see specgen.sources.toolids).
@@ -191,6 +195,9 @@ class DatasetConfig:
     # The path as the config wrote it: what the result hash uses, so shards of one config run
     # from different directories or machines hash alike (and merge).
     path_as_written: str | None = field(default=None, init=False)
+    # A Hub dataset's repo id, and (once resolved before the run) the local files it reads.
+    hub: str | None = field(default=None, init=False)
+    files: list[Path] | None = field(default=None, init=False)
 
 
 @dataclass
@@ -314,8 +321,8 @@ class RunConfig:
         keep["max_tokens"] = self.max_tokens_for(ds)
         if keep["tool_results"] == "name":
             del keep["tool_results"]  # the default: runs made before the key still resume
-        for key in SAMPLING_DATASET_KEYS:  # only when set: runs made before the keys resume
-            if d[key] is not None and not (key == "n" and d[key] == 1):
+        for key in SAMPLING_DATASET_KEYS + HUB_DATASET_KEYS:  # only when set: runs made
+            if d[key] is not None and not (key == "n" and d[key] == 1):  # before them resume
                 keep[key] = d[key]
         return _hash(keep)
 
@@ -333,6 +340,7 @@ RESULT_DATASET_KEYS = ("path", "format", "max_tokens", "turns", "on_length", "sp
 # Per-dataset sampling keys (change results; hashed only when set, see dataset_result_hash).
 SAMPLING_DATASET_KEYS = ("temperature", "temperature_weights", "reasoning",
                          "reasoning_weights", "n")
+HUB_DATASET_KEYS = ("revision", "subset")
 
 
 def _hash(obj: Any) -> str:
@@ -491,9 +499,16 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
         if ds.name in names:
             raise ConfigError(f"{label}: duplicate dataset name")
         names.add(ds.name)
-        ds.path_as_written = str(ds.path)
-        ds.path = _resolve(base, ds.path)
-        if not ds.path.exists():
+        written = datasets_raw[i].get("path") if isinstance(datasets_raw[i], dict) else None
+        if isinstance(written, str) and written.startswith("hf://"):
+            _hub_dataset(ds, written, label)
+        elif ds.revision is not None or ds.subset is not None:
+            raise ConfigError(f"{label}: revision and subset are for Hub datasets "
+                              "(path = \"hf://datasets/OWNER/NAME\")")
+        else:
+            ds.path_as_written = str(ds.path)
+            ds.path = _resolve(base, ds.path)
+        if ds.hub is None and not ds.path.exists():
             raise ConfigError(f"{label}: path {str(ds.path)!r} does not exist")
         from .sources.files import check_readable
 
@@ -524,6 +539,23 @@ def parse_config(raw: dict[str, Any], path: Path) -> RunConfig:
                 "so nothing would ever be sent; raise token_budget or lower max_tokens")
         _check_dataset_sampling(ds, label)
     return cfg
+
+
+def _hub_dataset(ds: DatasetConfig, written: str, label: str) -> None:
+    """`path = "hf://datasets/OWNER/NAME"`: resolved before the run (specgen.engine.hub_pin);
+    until then `path` is a placeholder that names the repo."""
+    from .sources.hub import HubError, hub_repo
+
+    try:
+        ds.hub = hub_repo(written)
+    except HubError as exc:
+        raise ConfigError(f"{label}: path {exc}") from None
+    for key in ("revision", "subset", "split"):
+        value = getattr(ds, key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(f"{label}: {key} must be a non-empty string")
+    ds.path_as_written = written
+    ds.path = Path(written)
 
 
 def _validate_quality(q: QualityConfig, where: str) -> None:

@@ -171,6 +171,22 @@ def _check_compatible(ins: list[Path], metas: list[dict[str, str]]) -> None:
             listing = "; ".join(f"{p}: {v}" for p, v in zip(ins, values, strict=True))
             raise MergeError(f"the runs have different {what} ({listing}); merge combines "
                              "shards of one config (rerun with the same config)")
+    _check_hub_commits(ins, metas)
+
+
+def _check_hub_commits(ins: list[Path], metas: list[dict[str, str]]) -> None:
+    """Shards of a Hub dataset must have read one commit (each pinned its own at its start)."""
+    from .sources.pins import hub_pins
+
+    pins = [hub_pins(m) for m in metas]
+    for name in sorted({n for p in pins for n in p}):
+        read = {(p[name].get("commit"), p[name].get("data_revision")) for p in pins if name in p}
+        if len(read) > 1:
+            listing = "; ".join(f"{path}: {str(p[name].get('commit'))[:12]}"
+                                for path, p in zip(ins, pins, strict=True) if name in p)
+            raise MergeError(f"dataset {name!r} was read at different Hub commits ({listing}): "
+                             "its shards hold different data; run every shard with "
+                             "`revision` set to one commit")
 
 
 def _merge(ins: list[Path], stores: list[Store], metas: list[dict[str, str]],

@@ -32,7 +32,14 @@ from .planner import DEFAULT_TOOL_RESULTS, End, TurnRequest, next_request
 from .render.base import Renderer, RenderError
 from .request import build_request, build_token_request, request_dialect
 from .sampling import SampleSettings, run_defaults, sample_settings
-from .sources import Row, SourceError, count_rows, detect_dataset_format, iter_rows
+from .sources import (
+    Row,
+    SourceError,
+    count_rows,
+    detect_dataset_format,
+    iter_rows,
+    source_files,
+)
 from .sources.files import iter_records
 
 DEFAULT_SCAN = 2000
@@ -93,6 +100,10 @@ class DatasetPreview:
     requests_earlier: int | None = None  # the earlier datasets' (None: not previewed)
     n: int = 1  # samples per prompt (each its own request)
     sampling: dict[str, Any] = field(default_factory=dict)  # the dataset's own keys and mixes
+    # a Hub dataset: its plan (commit, files with sizes and whether cached), and why its rows
+    # are not shown yet (files not downloaded: `preview --download`)
+    hub: dict[str, Any] | None = None
+    hub_pending: str | None = None
 
     @property
     def scale(self) -> float:
@@ -157,6 +168,7 @@ class DatasetPreview:
             "worst_case_completion_tokens": self.worst_completion_tokens,
             "worst_case_cost_usd": self.worst_case_cost(prices),
             "warnings": self.warnings, "n": self.n, "sampling": self.sampling,
+            "hub": self.hub, "hub_pending": self.hub_pending,
             "samples": [{
                 "conversation_id": s.conversation_id, "row": s.row, "turn": s.turn,
                 "url": s.url, "headers": s.headers, "body": s.body,
@@ -188,15 +200,18 @@ class Preview:
 def preview(
     cfg: RunConfig, renderer: Renderer, *, n: int = 3, dataset: str | None = None,
     scan: int = DEFAULT_SCAN, fetch_prices: bool = False, renderer_for=None,
+    download: bool = False,
 ) -> Preview:
     """Analyse the datasets of `cfg` (all, or the one named `dataset`); `scan` = 0 reads all.
-    `renderer_for(thinking)`: the renderer of a sample's thinking mode (reasoning mixes)."""
+    `renderer_for(thinking)`: the renderer of a sample's thinking mode (reasoning mixes).
+    Hub datasets are resolved (the run's pinned commit when its store exists) and their
+    files listed; rows are read only from files in the cache, or `download`ed first."""
     chosen = [d for d in cfg.datasets if dataset is None or d.name == dataset]
     if dataset is not None and not chosen:
         raise UnknownDataset(f"no dataset named {dataset!r} (the config has: "
                        f"{', '.join(d.name for d in cfg.datasets)})")
-    out = [preview_dataset(cfg, d, renderer, n=n, scan=scan, renderer_for=renderer_for)
-           for d in chosen]
+    out = [preview_dataset(cfg, d, renderer, n=n, scan=scan, renderer_for=renderer_for,
+                           download=download) for d in chosen]
     complete = len(chosen) == len(cfg.datasets)
     earlier = 0
     for p in out:
@@ -218,7 +233,7 @@ def preview(
 
 
 def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n: int,
-                    scan: int, renderer_for=None) -> DatasetPreview:
+                    scan: int, renderer_for=None, download: bool = False) -> DatasetPreview:
     p = DatasetPreview(name=ds.name, path=str(ds.path), format=ds.format, turns=ds.turns,
                        max_tokens=cfg.max_tokens_for(ds), limit=ds.limit,
                        token_budget=ds.token_budget, skip_invalid=ds.skip_invalid, n=ds.n,
@@ -226,6 +241,8 @@ def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n:
                                  if getattr(ds, k) is not None and k != "n"})
     modes = renderer_for or (lambda _thinking: renderer)
     try:
+        if ds.hub is not None and not _hub_ready(cfg, ds, p, download):
+            return p
         if ds.format == "auto":
             p.format = f"{detect_dataset_format(ds)} (detected)"
         rows = iter_rows(ds, renderer=cfg.target.renderer)
@@ -238,10 +255,10 @@ def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n:
             last_index = row.index
             _count_row(cfg, ds, renderer, p, row, n, modes)
         if not p.complete:
-            p.total_rows = count_rows(ds.path, ds.split)
+            p.total_rows = count_rows(source_files(ds), ds.split)
             if p.total_rows is None:  # JSON: count the remaining rows by reading them
                 p.total_rows = last_index + 1 + sum(1 for _ in iter_records(
-                    ds.path, last_index + 1, ds.split))
+                    source_files(ds), last_index + 1, ds.split))
             # rows of a JSONL file are line slots: blank lines count, so scale by slots
             p.total_rows = round(p.total_rows * p.rows_scanned / max(1, last_index + 1))
         else:
@@ -251,6 +268,47 @@ def preview_dataset(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, *, n:
         return p
     _warn(p, ds)
     return p
+
+
+def _hub_ready(cfg: RunConfig, ds: DatasetConfig, p: DatasetPreview, download: bool) -> bool:
+    """Resolve a Hub dataset for the preview (its run's pin when the run exists, else the
+    revision now: metadata and the dataset card only); True when its files are local."""
+    from .sources import hub
+
+    p.path = ds.path_as_written or str(ds.path)
+    plan = _run_pin(cfg, ds) or hub.plan_hub(ds.hub, ds.revision, ds.subset, ds.split, ds.name)
+    missing = {f.path for f in hub.missing_files(plan)}
+    p.hub = {**plan.to_json(), "describe": plan.describe(), "total_size": plan.total_size,
+             "files": [{"path": f.path, "size": f.size, "cached": f.path not in missing}
+                       for f in plan.files]}
+    if missing and not download:
+        size = sum(f.size or 0 for f in plan.files if f.path in missing)
+        p.hub_pending = (f"{len(missing)} of {len(plan.files)} file(s), {_mb(size)}, not "
+                         "downloaded yet: the run downloads them before its first request "
+                         "(`specgen preview --download` does it now and shows the requests)")
+        return False
+    ds.files = hub.download_plan(plan, ds.name)
+    return True
+
+
+def _run_pin(cfg: RunConfig, ds: DatasetConfig):
+    """The plan the run stored for `ds` at its first session (None: no run yet)."""
+    from .sources.hub import HubPlan
+    from .sources.pins import PIN_PREFIX
+    from .store import STORE_FILE, Store
+
+    if not (cfg.run_dir / STORE_FILE).is_file():
+        return None
+    try:
+        with Store.open(cfg.run_dir) as store:
+            stored = store.get_meta(PIN_PREFIX + ds.name)
+    except Exception:  # noqa: BLE001 - an unreadable store: preview resolves afresh
+        return None
+    return HubPlan.from_json(json.loads(stored)) if stored else None
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n:,} bytes"
 
 
 def _count_row(cfg: RunConfig, ds: DatasetConfig, renderer: Renderer, p: DatasetPreview,

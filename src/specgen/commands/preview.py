@@ -50,6 +50,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--fetch-prices", action="store_true",
                    help="GET the model's endpoint list for prices (free; off by default so "
                         "preview stays offline)")
+    p.add_argument("--download", action="store_true",
+                   help="download the files of Hub datasets (hf://) that are not in the cache "
+                        "yet, then show their requests (without it, their files and sizes are "
+                        "listed and nothing is downloaded)")
     p.set_defaults(func=run)
 
 
@@ -75,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = preview(cfg, renderer, n=args.n, dataset=args.dataset, scan=scan,
                          fetch_prices=args.fetch_prices,
-                         renderer_for=mode_renderers(renderer, cfg.target.chat_template_kwargs))
+                         renderer_for=mode_renderers(renderer, cfg.target.chat_template_kwargs),
+                         download=args.download)
     except UnknownDataset as exc:
         print(f"specgen preview: {exc}", file=sys.stderr)
         return 2
@@ -162,8 +167,12 @@ class Printer:
         c = self.console
         c.print()
         c.print(self._b(f"dataset {d.name}") + f"  {d.path}")
+        if d.hub:
+            self._hub(d)
         if d.error:
             c.print(f"  cannot be read: {d.error}")
+            return
+        if d.hub_pending:
             return
         c.print(f"  format   {d.format}, turns = {d.turns}")
         if d.sampling or d.n > 1:
@@ -206,6 +215,17 @@ class Printer:
             c.print(self._warn(f"  warning  {w}"))
         for i, s in enumerate(d.samples, 1):
             self._sample(i, len(d.samples), s, d.max_tokens)
+
+    def _hub(self, d) -> None:
+        h, c = d.hub, self.console
+        c.print(f"  hub      {h['describe']} ({h['layout']}); {len(h['files'])} file(s), "
+                f"{h['total_size']:,} bytes")
+        for f in h["files"]:
+            size = "?" if f["size"] is None else f"{f['size']:,} bytes"
+            c.print(f"           {f['path']}  {size}  "
+                    f"{'cached' if f['cached'] else 'to download'}")
+        if d.hub_pending:
+            c.print(f"  rows     not read: {d.hub_pending}")
 
     def _sample(self, i: int, n: int, s, max_tokens: int) -> None:
         from rich.json import JSON

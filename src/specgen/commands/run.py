@@ -83,7 +83,22 @@ def handle(args: argparse.Namespace) -> int:
     print_summary(printable_data(status), outcome.state, printable(outcome.stop_reason or ""),
                   config=args.config,
                   rerun=_rerun_args(args))
+    _print_hub_sources(cfg.run_dir)
     return outcome.exit_code
+
+
+def _print_hub_sources(run_dir) -> None:
+    """The Hub datasets the run read, at their pinned commits (and a branch moved since)."""
+    from ..sources.pins import hub_pins, pin_line
+    from ..store import Store
+
+    try:
+        with Store.open(run_dir) as store:
+            pins = hub_pins(store.meta())
+    except Exception:  # noqa: BLE001 - the summary above already said what it could
+        return
+    for name, pin in pins.items():
+        print(f"  source {pin_line(name, pin)}")
 
 
 def _rerun_args(args: argparse.Namespace) -> str:

@@ -30,11 +30,13 @@ from ..client.types import ApiError
 from ..config import RunConfig
 from ..display import path as tidy
 from ..request import local_engines
+from ..sources import SourceError
 from ..store import STORE_FILE, Store, StoreError, check_writable, open_problem
 from . import event_loop
 from .ballast import Ballast
 from .budget import Budget, cap_below_one_request, resolve_prices
 from .control import RunLock, clear_control
+from .hub_pin import pin_hub_sources
 from .logfile import Printable, RunLogFile
 from .outcome import EXIT_STOPPED, Outcome
 from .policy import ProviderPolicy, parse_endpoints
@@ -218,6 +220,12 @@ def _run_locked(cfg, opts, run_dir, shard, live) -> Outcome:
         log.warning("%s", rescued)
     for note in check_sources(store, cfg.datasets):  # a source changed before its cursor
         log.warning("%s", note)
+    try:  # Hub datasets: pinned and fetched before the first request, never in the loop
+        for note in pin_hub_sources(store, cfg.datasets):
+            log.warning("%s", note)
+    except SourceError as exc:
+        store.close()
+        raise RunError(str(exc)) from None
     reader = Store.open(run_dir)
     ballast = Ballast(run_dir, int(cfg.engine.ballast_mb * 2**20))
     if ballast.size and not ballast.create():

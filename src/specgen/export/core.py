@@ -514,6 +514,12 @@ def _open_writer(path: Path, temp: Path, opts: ExportOptions, meta: dict[str, st
     return JsonlWriter(path, temp)
 
 
+def hub_pins(meta: dict[str, str]) -> dict[str, Any]:
+    from ..sources.pins import hub_pins as pins
+
+    return pins(meta)
+
+
 def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out: Path,
                    selected: list[str], totals: dict[str, DatasetTotals],
                    files: list[dict[str, Any]]) -> dict[str, Any]:
@@ -553,6 +559,7 @@ def build_manifest(run_dir: Path, meta: dict[str, str], opts: ExportOptions, out
         "shard": meta.get("shard") or None,
         "merged_from": _json_or_none(meta.get("merged_from")),
         "datasets": selected,
+        "sources": hub_pins(meta),  # Hub datasets: dataset, subset, split, pinned commit
         "files": files,
         "totals": asdict(total),
         "per_dataset": per,

@@ -99,6 +99,12 @@ def config_canaries(cfg: RunConfig, *, scan: int = SCAN_ROWS) -> tuple[list[Cana
     with_tools: list[Canary] = []
     plain: list[Canary] = []
     for ds in cfg.datasets:
+        if getattr(ds, "hub", None) is not None and ds.files is None:
+            from ..sources.hub import cached_files
+
+            # a Hub dataset gives canaries once its files are cached (a run or preview
+            # --download fetched them); the probe downloads nothing
+            ds.files = cached_files(ds.hub, ds.revision, ds.subset, ds.split, ds.name)
         try:
             rows = iter_rows(ds, renderer=cfg.target.renderer)
             for i, row in enumerate(rows):

@@ -98,9 +98,17 @@ def _summary(s: RunStats, run_dir: str) -> Section:
         ["cost of kept samples", usd(t["cost_usd"])],
         ["billed, all attempts", usd(t["billed_usd"])],
         ["invalid source rows", _invalid(s)],
+        *_hub_rows(m),
     ]
     # the outcome, its cause and what to do open the report (its banner: specgen.run_outcome)
     return Section("summary", "Summary", [Table("Run", ["", ""], rows)])
+
+
+def _hub_rows(meta: dict[str, str]) -> list[list[Any]]:
+    """One row per Hub dataset: what it read (dataset, subset, split, pinned commit)."""
+    from ..sources.pins import hub_pins, pin_line
+
+    return [["Hub source", pin_line(name, pin)] for name, pin in hub_pins(meta).items()]
 
 
 def _outcome_rows(s: RunStats) -> list[list[Any]]:

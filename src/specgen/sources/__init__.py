@@ -22,6 +22,7 @@ from .toolids import assign_tool_ids, resolve_native_ids
 __all__ = [
     "FORMATS", "ID_KEYS", "Row", "RowError", "SourceError", "count_rows", "data_files",
     "detect_dataset_format", "detect_format", "iter_rows", "row_to_conversation",
+    "source_files",
 ]
 
 class DatasetConfig(Protocol):
@@ -32,6 +33,8 @@ class DatasetConfig(Protocol):
     format: str
     split: str | None
     native_tool_ids: bool | None
+    hub: str | None
+    files: list[Path] | None
 
 
 # Row fields that name a conversation, in order of preference.
@@ -74,14 +77,25 @@ def iter_rows(ds: DatasetConfig, start: int = 0, *, renderer: str | None = None)
             f"{', '.join(sorted(FORMATS))}"
         )
     native = resolve_native_ids(ds.native_tool_ids, renderer)
-    for rec in iter_records(ds.path, start, ds.split):
+    for rec in iter_records(source_files(ds), start, ds.split):
         yield _row(rec, fmt, native)
+
+
+def source_files(ds: DatasetConfig) -> Path | list[Path]:
+    """What the readers read: the path, or a Hub dataset's resolved files."""
+    if getattr(ds, "hub", None) is None:
+        return ds.path
+    if ds.files is None:
+        raise SourceError(f"dataset {ds.name!r}: hf://datasets/{ds.hub} is not resolved yet "
+                          "(the run resolves and downloads it before its first request; "
+                          "`specgen preview --download` does it beforehand)")
+    return ds.files
 
 
 def detect_dataset_format(ds: DatasetConfig) -> str:
     """The format of the dataset's first valid row (read from the start of the dataset)."""
     first_keys: list[str] | None = None
-    for n, rec in enumerate(iter_records(ds.path, 0, ds.split)):
+    for n, rec in enumerate(iter_records(source_files(ds), 0, ds.split)):
         if n >= DETECT_SCAN:
             break
         if rec.error is not None:

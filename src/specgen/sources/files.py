@@ -51,8 +51,11 @@ class Record:
     key: str | None = None
 
 
-def data_files(path: Path, split: str | None = None) -> list[Path]:
-    """The data files a dataset path stands for, in reading order."""
+def data_files(path: Path | list[Path], split: str | None = None) -> list[Path]:
+    """The data files a dataset path stands for, in reading order (a list: those files, as
+    a resolved Hub dataset gives them)."""
+    if isinstance(path, list):
+        return path
     if path.is_file():
         return [path]
     if not path.is_dir():
@@ -76,14 +79,16 @@ def data_files(path: Path, split: str | None = None) -> list[Path]:
     return files
 
 
-def iter_records(path: Path, start: int = 0, split: str | None = None) -> Iterator[Record]:
+def iter_records(path: Path | list[Path], start: int = 0,
+                 split: str | None = None) -> Iterator[Record]:
     """Raw records of `path` from row index `start` on (earlier rows skipped cheaply)."""
     offset = 0
     for file in data_files(path, split):
         kind = _kind(file)
         if kind is None:
             raise SourceError(unsupported_file(file))
-        reader = _READERS[kind](file, max(0, start - offset), split if path.is_file() else None)
+        one = not isinstance(path, list) and path.is_file()
+        reader = _READERS[kind](file, max(0, start - offset), split if one else None)
         n_rows = yield from _shifted(reader, offset)
         offset += n_rows
 
@@ -99,7 +104,7 @@ def _shifted(reader, offset: int):
         yield rec
 
 
-def count_rows(path: Path, split: str | None = None) -> int | None:
+def count_rows(path: Path | list[Path], split: str | None = None) -> int | None:
     """Number of row indices of `path` when cheap to know (None for JSON, which must be parsed)."""
     total = 0
     for file in data_files(path, split):
