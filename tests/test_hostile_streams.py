@@ -2,7 +2,8 @@
 until max_tokens) costs the same CPU per token at 1k, 8k and 64k tokens — in the parser alone
 (duplicate bookkeeping, the witness's candidates) and in a real `specgen run` against a small
 HTTP server (bench/hostile.py's), one event per write and many per write. The bounds compare
-ratios (quadratic code gives ×8 per ×8 in length), never absolute times."""
+ratios (quadratic code gives ×8 per ×8 in length) and slack sized by the start-up cost measured
+in the same test, never absolute times."""
 
 from __future__ import annotations
 
@@ -73,13 +74,13 @@ def real_run_cpu(tmp: Path, sizes, per_write: int) -> dict[int, float]:
                                                          "completion_tokens": n + 2})
     out = {}
     try:
-        for i, n in enumerate((16, *sizes)):
+        for i, n in enumerate((16, 16, *sizes)):
             wanted["n"] = n
             cfg = bench.write_run(tmp, url, f"w{per_write}-{i}")
             cpu, res = bench.run_cpu(cfg)
             assert res.returncode == 0, res.stderr[-3000:]
             assert "1 done" in res.stdout, res.stdout
-            out[n] = cpu
+            out[n] = min(cpu, out.get(n, cpu))
     finally:
         server.shutdown()
     return out
@@ -89,12 +90,12 @@ def real_run_cpu(tmp: Path, sizes, per_write: int) -> dict[int, float]:
 def test_a_real_run_reads_a_64k_token_loop_at_the_cost_per_token_of_a_short_one(
         tmp_path, per_write):
     cpu = real_run_cpu(tmp_path, (8000, 64000), per_write)
-    base = cpu[16]
-    per_token = {n: max(cpu[n] - base, 1e-3) / n for n in (8000, 64000)}
-    # before: 22 s of CPU at 8k tokens, ~23 min at 64k (quadratic: ~20,000 µs per token);
-    # now both are a few µs per token. The slack (100 µs per token) absorbs start-up noise
-    # and a loaded machine (24 µs per token seen with a second test run beside it)
-    assert per_token[64000] < 3 * per_token[8000] + 100e-6, (cpu, per_token)
+    base = cpu[16]  # a run's start-up and one short answer (the lesser of two runs)
+    loop = {n: max(cpu[n] - base, 0.0) for n in (8000, 64000)}
+    # before: 22 s of CPU at 8k tokens, ~23 min at 64k (quadratic: ×64 for ×8 tokens); now
+    # both cost a few µs per token (×8). The bound allows ×24, and half a start-up's CPU for
+    # the noise of subtracting one (both scale with the machine's speed)
+    assert loop[64000] < 24 * loop[8000] + 0.5 * base, (cpu, loop)
 
 
 def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are_read(
@@ -113,7 +114,7 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are
             json.dumps({"id": f"s{i}", "messages": [{"role": "user", "content": f"short {i}"}]})
             + "\n"
             for i in range(20)))
-        cpu, res = bench.run_cpu(cfg)
+        _, res = bench.run_cpu(cfg)
     finally:
         server.shutdown()
     # the short answers' made-up counts decide the run's yield (exit 6 when most are
@@ -129,8 +130,9 @@ def test_an_answer_over_max_answer_bytes_is_cut_and_quarantined_while_others_are
                             "JOIN conversations c ON t.conversation=c.id "
                             "WHERE c.conv_id='q0'").fetchone()
     assert outcome == "quarantined:answer_too_large"
-    # cut at the cap: the 1.6 MB loop was not read to its end
-    assert cpu < 20, cpu
+    # cut at the cap: the 1.6 MB loop was not read to its end (the client closed it while the
+    # server was still writing it), the short answers were
+    assert server.broken_off == 1, server.broken_off
 
 
 def test_max_answer_bytes_must_be_a_positive_size(tmp_path):
