@@ -186,6 +186,7 @@ async def test_stream_split_across_tcp_writes_with_comments_and_crlf():
     assert r.started_at <= r.first_byte_at <= r.ended_at
 
 
+@pytest.mark.timing
 @async_test
 async def test_first_token_is_the_first_output_byte_not_the_headers():
     # headers and a keep-alive comment at once; an empty role chunk; the reasoning 0.1 s later

@@ -154,6 +154,7 @@ def test_batched_reads_parse_the_same_answer(loop: str, name: str) -> None:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.timing
 def test_idle_timeout_fires_on_a_stalled_batched_stream(loop: str) -> None:
     async def main() -> None:
         pieces = one_per_write(*[chunk(content=t) for t in TOKENS[:5]])
@@ -177,6 +178,7 @@ def test_idle_timeout_fires_on_a_stalled_batched_stream(loop: str) -> None:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.timing
 def test_cancel_is_prompt_and_drops_the_connection(loop: str) -> None:
     async def main() -> None:
         gone = asyncio.Event()

@@ -45,6 +45,7 @@ def test_resumes_when_space_returns_even_without_room_for_the_reserve(tmp_path, 
         assert "Traceback" not in err and "Logging error" not in err
 
 
+@pytest.mark.timing
 def test_a_stop_while_commits_fail_rescues_at_once_and_exits_5(tmp_path, sim):
     with tmpfs(tmp_path / "disk", "16m") as disk:
         # store_error_timeout an hour: the stop must not wait for it

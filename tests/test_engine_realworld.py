@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from specgen.engine.outcome import EXIT_INCOMPLETE, EXIT_OK, EXIT_STOPPED
 from specgen.engine.status import run_status
 from specgen.store import Store, unpack_json
@@ -93,6 +95,7 @@ latency_s = 0.15
     check_store(cfg.run_dir)
 
 
+@pytest.mark.timing
 def test_outage_window_at_start_leaves_nothing_failed(tmp_path, caplog):
     # Connections are refused for the first 6 s: the start-up check waits for the API, and
     # the run then does all its work; max_attempts = 2 would have failed them if counted.

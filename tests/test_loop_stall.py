@@ -67,6 +67,7 @@ def test_a_huge_answer_is_judged_off_the_loop_while_small_streams_keep_being_rea
     assert figures["meanwhile_ms"] / 1000 < 0.5 * figures["off_loop_s"], figures
 
 
+@pytest.mark.timing
 def test_a_stop_now_while_a_huge_answer_is_judged_lets_it_finish_and_be_stored(tmp_path):
     # the answer is paid: `specgen stop --now` cancels what is in flight, but an answer being
     # judged in its worker thread is finished, carried out and committed (exit 3: cancelled)

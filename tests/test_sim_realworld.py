@@ -327,6 +327,7 @@ def _check_429(status, headers, body, retry_after, window):
     assert int((sent + retry_after) * 1000) <= reset_ms <= int((got + retry_after) * 1000) + 1
 
 
+@pytest.mark.timing
 def test_every_429_carries_retry_after_seconds_and_rate_limit_headers():
     with sim(retry_after_s=2.5, providers=[
             {"name": "Clean", "tag": "clean"},
@@ -345,6 +346,7 @@ OUTAGE_PROVIDERS = [{"name": "Fast", "tag": "fast"},
                     {"name": "Slow", "tag": "slow", "latency_s": 1.0}]
 
 
+@pytest.mark.timing
 def test_refuse_window_refuses_resets_and_comes_back_on_the_same_port():
     with sim(providers=OUTAGE_PROVIDERS,
              outages=[{"start_s": 0.5, "duration_s": 1.0, "mode": "refuse"}]) as h:
