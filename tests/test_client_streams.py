@@ -144,6 +144,7 @@ async def answer_with(tick: float, pieces: list[bytes], headers: dict[str, str],
     return resp, feeds[0], ticks
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("name", list(ANSWERS))
 def test_batched_reads_parse_the_same_answer(loop: str, name: str) -> None:
@@ -288,6 +289,7 @@ def tls_files(tmp_path_factory):
     return d / "cert.pem", d / "key.pem"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("loop", LOOPS)
 def test_batched_reads_over_tls(loop: str, tls_files, monkeypatch) -> None:
     import ssl

@@ -72,6 +72,7 @@ def ok_attempts_per_done_task(run_dir) -> set[int]:
             "AND a.outcome='ok' WHERE t.status='done' GROUP BY t.id")}
 
 
+@pytest.mark.timing
 def test_sigint_drains_then_rerun_resumes(tmp_path, sim_slow):
     write_jsonl(tmp_path / "a.jsonl", prompt_rows(72))
     # 4 at a time, 0.6 s each: ~10 s of work left once 4 are done, for two `status`
