@@ -130,11 +130,12 @@ def serve(tokens_for, per_write: int = 1, usage_for=None, finish: str = "stop",
                     self.wfile.write(block if k == per_write else rep * k)
                     left -= k
                 self.wfile.write(end)
-            except OSError:
-                pass
+            except OSError:  # the client closed it: a stream it did not read to its end
+                self.server.broken_off += 1  # type: ignore[attr-defined]
             self.close_connection = True
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.broken_off = 0  # type: ignore[attr-defined]  # streams the client cut short
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"

@@ -105,7 +105,8 @@ def serve(huge_mib: float, events: int, gap: float):
 
 
 def write_run(tmp: Path, base_url: str, *, small: int, huge_at: int | None,
-              tokenizer: str = "demo", concurrency: int = 256) -> Path:
+              tokenizer: str = "demo", concurrency: int = 256,
+              max_answer_bytes: int = 4 * 2**20) -> Path:
     rows = [{"id": f"s{i}", "messages": [{"role": "user", "content": f"small {i}"}]}
             for i in range(small)]
     if huge_at is not None:
@@ -125,6 +126,7 @@ fetch_endpoints = false
 concurrency = {concurrency}
 min_concurrency = {concurrency}
 max_attempts = 1
+max_answer_bytes = {max_answer_bytes}
 [sampling]
 max_tokens = 1000000
 [quality]
@@ -138,19 +140,22 @@ path = {json.dumps(str(data))}
     return cfg
 
 
-def figures(log_text: str) -> dict[str, float]:
+def figures(log_text: str) -> dict:
     """What a run's specgen.log says: `stall_ms` (the longest stall of the event loop) and,
-    when an answer was judged off the loop, `off_loop_s` (the longest such judging) and
-    `meanwhile_ms` (the loop's longest stall while one was)."""
-    out: dict[str, float] = {}
+    when an answer was judged off the loop, of the longest such judging: `off_loop_s` (how
+    long), `meanwhile_ms` (the loop's longest stall meanwhile), `turns` (the loop's stall
+    probes that woke meanwhile) and `thread` (the name of the thread that judged it)."""
+    out: dict = {}
     stalls = re.findall(r"event loop: longest stall (\d+) ms", log_text)
     if stalls:
         out["stall_ms"] = float(stalls[-1])
     off = re.findall(r"judged off the event loop in ([\d.]+) s \(the loop's longest stall "
-                     r"meanwhile: (\d+) ms\)", log_text)
+                     r"meanwhile: (\d+) ms; (\d+) turns of the loop meanwhile; judged in "
+                     r"thread (.+?)\)$", log_text, re.M)
     if off:
-        out["off_loop_s"] = max(float(s) for s, _ in off)
-        out["meanwhile_ms"] = max(float(ms) for _, ms in off)
+        s, ms, turns, thread = max(off, key=lambda m: float(m[0]))
+        out.update(off_loop_s=float(s), meanwhile_ms=float(ms), turns=int(turns),
+                   thread=thread)
     return out
 
 

@@ -325,6 +325,7 @@ def test_batch_eta_arithmetic():
 
 
 @pytest.mark.parametrize("api", ["openai", "openrouter"])
+@pytest.mark.timing
 def test_eta_of_each_running_batch_from_the_providers_progress(tmp_path, api):
     server = SlowBatchServer(rate=1.0)  # 40 lines: 40 s, unless released
     try:
@@ -340,9 +341,9 @@ def test_eta_of_each_running_batch_from_the_providers_progress(tmp_path, api):
             figures, shown = wait_for(running, timeout=120, what="a batch with an ETA")
             b = shown[0]
             assert b["state"] == "in_progress" and b["provider_id"] == "job-0"
-            # the lines left at about 1 a second (a poll seen late on a loaded machine makes
-            # the measured rate lower, the ETA longer)
-            assert 0 < b["eta_s"] <= 2 * (40 - b["completed"]) + 5
+            # the lines left at the provider's rate (a poll seen late on a loaded machine makes
+            # the measured rate lower, the ETA longer: a ratio up to 3 allows it)
+            assert 0 < b["eta_s"] * server.rate <= 3 * (40 - b["completed"]), b
             assert figures["eta_s"] == max(x["eta_s"] for x in figures["running"]
                                            if x["eta_s"] is not None)
             live = wait_for(lambda: live_batches(run_dir).get("eta_by_batch"), timeout=60,

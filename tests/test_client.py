@@ -107,14 +107,18 @@ def events(*chunks: dict | str, nl: bytes = b"\n") -> list[bytes]:
 
 
 def stream_handler(pieces: list[bytes], *, pause: float = 0.0, then: str | None = None,
-                   headers: dict[str, str] | None = None) -> Handler:
+                   headers: dict[str, str] | None = None,
+                   sending: Callable[[bytes], None] | None = None) -> Handler:
     """Write `pieces` as separate writes (separate TCP segments when `pause` > 0); `then`:
-    "abort" resets the connection, "hang" keeps it open without data."""
+    "abort" resets the connection, "hang" keeps it open without data; `sending(piece)` is
+    called just before each piece is written."""
 
     async def handler(request: web.Request, body: Any) -> web.StreamResponse:
         resp = web.StreamResponse(headers=headers or SSE_HEADERS)
         await resp.prepare(request)
         for piece in pieces:
+            if sending is not None:
+                sending(piece)
             await resp.write(piece)
             if pause:
                 await asyncio.sleep(pause)
@@ -182,16 +186,24 @@ async def test_stream_split_across_tcp_writes_with_comments_and_crlf():
     assert r.started_at <= r.first_byte_at <= r.ended_at
 
 
+@pytest.mark.timing
 @async_test
 async def test_first_token_is_the_first_output_byte_not_the_headers():
     # headers and a keep-alive comment at once; an empty role chunk; the reasoning 0.1 s later
     pieces = [b": OPENROUTER PROCESSING\n\n", *events(chunk(role="assistant", content="")),
               *events(chunk(reasoning="think"), chunk(content="Hi"), FINISH, USAGE, "[DONE]")]
-    async with Server(stream_handler(pieces, pause=0.05)) as srv:
+    output_sent: list[float] = []  # when the server wrote the first output (same clock)
+
+    def sending(piece: bytes) -> None:
+        if b"think" in piece and not output_sent:
+            output_sent.append(time.time())
+
+    async with Server(stream_handler(pieces, pause=0.05, sending=sending)) as srv:
         async with ChatClient(srv.url) as client:
             r = await client.chat({**BODY, "stream": True})
-    assert r.first_token_at - r.first_byte_at >= 0.09  # two pauses after the headers
-    assert r.first_token_at <= r.ended_at
+    # the first token is when the reasoning came, after the headers and the role chunk: no
+    # earlier than the server wrote it (ordering on one clock, not a duration)
+    assert r.first_byte_at < output_sent[0] <= r.first_token_at <= r.ended_at
     async with Server(json_handler(completion())) as srv:
         async with ChatClient(srv.url, stream=False) as client:
             plain = await client.chat(BODY)

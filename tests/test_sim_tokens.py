@@ -430,18 +430,30 @@ def test_stats_count_token_requests(demo_tokenizer, k25):
     assert stats["spent_usd"] == 0.0
 
 
+@pytest.mark.timing
 def test_latency_and_speed_pace_the_answers(demo_tokenizer, k25):
+    # No absolute time: the same requests to an unpaced simulator set this machine's scale
+    # (`base`), the paced one waits 10 base for its latency and 10 base for its tokens
     import time
 
+    def timed(handle, send) -> tuple[float, Any]:
+        t = time.monotonic()
+        out = send(handle, {"prompt": prompt, "max_tokens": 100, "seed": 7})
+        return time.monotonic() - t, out
+
     prompt = k25[True].prompt_ids(USER)
-    with start_in_thread(_config(latency_s=0.2, tokens_per_second=1000), seed=1,
-                         tokenizer=demo_tokenizer) as handle:
-        t = time.monotonic()
-        _, body = complete(handle, {"prompt": prompt, "max_tokens": 100})
-        assert time.monotonic() - t >= 0.2 + body["usage"]["completion_tokens"] / 1000 - 0.01
-        t = time.monotonic()
-        stream(handle, {"prompt": prompt, "max_tokens": 100})
-        assert time.monotonic() - t >= 0.2
+    with start_in_thread(_config(), seed=1, tokenizer=demo_tokenizer) as handle:
+        base_c, (_, body) = min(timed(handle, complete) for _ in range(3))
+        base_s = min(timed(handle, stream)[0] for _ in range(3))
+    base = max(base_c, base_s, 0.005)
+    tokens = body["usage"]["completion_tokens"]
+    with start_in_thread(_config(latency_s=10 * base, tokens_per_second=tokens / (10 * base)),
+                         seed=1, tokenizer=demo_tokenizer) as handle:
+        paced, (_, again) = timed(handle, complete)
+        paced_s, _ = timed(handle, stream)
+    assert again["usage"]["completion_tokens"] == tokens  # the same answer, paced
+    # latency alone or speed alone would be 10 base; an unpaced answer 1 base
+    assert paced > 15 * base and paced_s > 5 * base, (base, paced, paced_s)
 
 
 # -- tool declarations and the other Kimi renderers ----------------------------------------------

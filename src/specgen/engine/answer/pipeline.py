@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -117,16 +118,23 @@ class AnswerPipeline:
             log.info("judging an answer of %s bytes from %s off the event loop", f"{size:,}",
                      resp.provider)
             started = time.monotonic()
-            work = asyncio.ensure_future(asyncio.to_thread(self._stages, a))
+            work = asyncio.ensure_future(asyncio.to_thread(self._staged_in_thread, a))
             stall = 0.0  # the loop's longest stall meanwhile: what other streams waited
+            turns = 0  # probes that woke while the work still ran: the loop was free then
             while not work.done():
                 woke = time.monotonic()
                 await asyncio.wait((work,), timeout=STALL_PROBE)
                 stall = max(stall, time.monotonic() - woke - STALL_PROBE)
+                turns += not work.done()
+            outcome, thread = work.result()
             log.info("an answer of %s bytes from %s judged off the event loop in %.2f s "
-                     "(the loop's longest stall meanwhile: %.0f ms)", f"{size:,}",
-                     resp.provider, time.monotonic() - started, stall * 1000)
-            return self._conclude(a, work.result())
+                     "(the loop's longest stall meanwhile: %.0f ms; %d turns of the loop "
+                     "meanwhile; judged in thread %s)", f"{size:,}", resp.provider,
+                     time.monotonic() - started, stall * 1000, turns, thread)
+            return self._conclude(a, outcome)
+
+    def _staged_in_thread(self, a: Answer) -> tuple[Outcome, str]:
+        return self._stages(a), threading.current_thread().name
 
     def _stages(self, a: Answer) -> Outcome:
         outcome: Outcome | None = None
