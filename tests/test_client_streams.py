@@ -160,7 +160,6 @@ def test_batched_reads_parse_the_same_answer(loop: str, name: str) -> None:
             # count no machine speed changes: a starved loop makes ticks and reads alike
             # rarer; the read before the stream is held and the last one come on top)
             assert batched_feeds <= ticks + 3, (batched_feeds, ticks, plain_feeds)
-            assert batched_feeds <= plain_feeds, (batched_feeds, plain_feeds)
 
     run_on(loop, main)
 
