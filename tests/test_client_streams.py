@@ -42,7 +42,8 @@ def run_on(loop: str, main: Callable[[], Awaitable[Any]]) -> Any:
 
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(asyncio.wait_for(main(), 60))
+        # a guard against a hang, not a bound: a starved loop on a busy machine took > 60 s
+        return runner.run(asyncio.wait_for(main(), 600))
 
 
 def reasoning_chunk(text: str) -> dict:
