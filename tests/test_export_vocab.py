@@ -149,13 +149,13 @@ def chosen_ids(out: Path) -> list[int]:
     return [i + off for i, off in enumerate(d2t)]
 
 
-@pytest.mark.parametrize("max_length", [None, 40, 200])
+@pytest.mark.parametrize("max_length", [None, 40])
 def test_first_seen_ties_and_max_length_give_specforges_mapping(planted_run, tmp_path,  # noqa: F811
                                                                  max_length):
     rows = tokens_rows(planted_run, tmp_path)
     extra = [] if max_length is None else ["--max-length", str(max_length)]
     differs = False
-    for size in (8, 21, 50, 97):
+    for size in (8, 50):
         out = tmp_path / f"v{size}-{max_length}"
         proc = cli("export", str(planted_run), "-f", "vocab", "--draft-vocab-size", str(size),
                    "--vocab-ties", "first-seen", "-o", str(out), *extra)
