@@ -2,7 +2,8 @@
 
 The full run (≥ 2,000 K2.5 conversations per thinking mode, 500 K2-Thinking, 500 K2-Instruct)
 is `bench/official_kimi_diff.py`; this runs the same generator and comparison on a few seeds so
-the suite stays fast (tests/kimi_differential.py says what is compared and the documented
+the suite stays fast — without the 25,000-character runs, which the bench keeps
+(tests/kimi_differential.py says what is compared and the documented
 choices).
 """
 
