@@ -50,5 +50,30 @@ def probe(vocab_dir: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(result))
 
 
+def specforge_ties(tokens_jsonl: str, size: int, target: int, max_length: int,
+                   out_path: str) -> None:
+    """In the trainers' venv: SpecForge's own mapping code on our tokens export, counted the
+    way its `generate_vocab_mapping_file` counts (each sample cut to max_length, its
+    loss-masked ids `unique()`d into a Counter, samples in file order)."""
+    from collections import Counter
+
+    import torch
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+
+    counter: Counter = Counter()
+    for line in Path(tokens_jsonl).read_text().splitlines():
+        row = json.loads(line)
+        ids = torch.tensor(row["input_ids"][:max_length])
+        mask = torch.tensor(row["loss_mask"][:max_length])
+        unique, counts = ids[mask == 1].unique(return_counts=True)
+        counter.update(dict(zip(unique.tolist(), counts.tolist(), strict=True)))
+    d2t, t2d = process_token_dict_to_mappings(counter, size, target)
+    Path(out_path).write_text(json.dumps({"d2t": d2t.tolist(), "t2d": t2d.tolist()}))
+
+
 if __name__ == "__main__":
-    probe(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "specforge-ties":
+        specforge_ties(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+                       sys.argv[6])
+    else:
+        probe(sys.argv[1], sys.argv[2])
