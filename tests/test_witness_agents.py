@@ -237,7 +237,7 @@ def test_an_agent_dataset_learns_each_forms_offset_and_keeps_its_right_answers(
     out = tmp_path / "all.jsonl"
     export_run(cfg.run_dir, ExportOptions(format="tokens", jsonl=True, out=out))
     assert len(out.read_text().splitlines()) == len(kept)
-    manifest = json.loads(out.with_name("all.manifest.json").read_text())
+    manifest = json.loads(out.with_name("all.jsonl.manifest.json").read_text())
     assert sum(manifest["totals"]["prompt_checks"].values()) == len(kept)
     only = tmp_path / "history.jsonl"
     export_run(cfg.run_dir, ExportOptions(format="tokens", jsonl=True, out=only,

@@ -36,8 +36,9 @@ def batch_rows(store: Store) -> list[dict[str, Any]] | None:
     except sqlite3.OperationalError:  # a store made before batch mode, opened read-only
         return None
     return [{"id": bid, "provider_id": pid, "session": session, "state": state,
-             "lines": lines, **ours.get(bid, {"answered": 0, "errors": 0, "waiting": 0}),
-             "provider_completed": done or 0, "provider_failed": failed or 0,
+             "lines": _count(lines), **ours.get(bid, {"answered": 0, "errors": 0, "waiting": 0}),
+             # a provider's counts as stored: junk a hostile poll left is no count
+             "provider_completed": _count(done), "provider_failed": _count(failed),
              "created_at": created, "updated_at": updated}
             for bid, pid, session, state, lines, done, failed, created, updated in rows]
 

@@ -48,6 +48,7 @@ from ..batch_shape import line_body, line_bytes, record, submission
 from ..client.errors import error_from_response
 from ..client.parse import parse_completion
 from ..client.types import ApiError, ChatResponse
+from ..display import printable
 
 log = logging.getLogger("specgen.batch")
 
@@ -671,7 +672,7 @@ def parse_line(raw: bytes | dict[str, Any]) -> tuple[str | None, Any]:
 def _show(value: Any) -> str:
     """A provider's id or word for a message: printable, short (a hostile id cannot move
     the terminal's cursor or fill the log)."""
-    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    text = printable(str(value))
     return text if len(text) <= 80 else text[:79] + "…"
 
 
