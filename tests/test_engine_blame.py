@@ -50,15 +50,17 @@ def events(run_dir, kind: str) -> list[tuple]:
 
 
 def answered(run_dir, provider: str) -> int:
-    """Answers of a provider the run judged (kept or quarantined, not rejected)."""
+    """Answers of a provider the run judged (kept, later superseded, or quarantined; not
+    rejected)."""
     return count(run_dir, "SELECT COUNT(*) FROM attempts WHERE provider=? AND (outcome='ok' "
-                 "OR outcome LIKE 'quarantined:%')", (provider,))
+                 "OR outcome LIKE 'quarantined:%' OR outcome LIKE 'superseded:%')", (provider,))
 
 
 def check_excluded_and_finished(out: subprocess.CompletedProcess, run_dir) -> None:
     """The done-when of issue 37: Bad excluded by the raw_markers alarm within its first ~30
-    answers, every task finished, exit 0, no exported sample of Bad, the alarm and the
-    exclusion in the summary, status and report."""
+    answers, every task finished from Good (Bad's samples redone in the same session), exit
+    0, no exported sample of Bad, the alarm, the exclusion and the redo in the summary, status
+    and report."""
     assert out.returncode == EXIT_OK, out.stdout[-2000:] + out.stderr[-3000:]
     (ts, who, detail), = events(run_dir, "provider_excluded")
     assert who == "Bad" and "excluded by alarm raw_markers on dataset 'tools'" in detail
@@ -70,7 +72,8 @@ def check_excluded_and_finished(out: subprocess.CompletedProcess, run_dir) -> No
     st = status_json(run_dir)
     assert st["state"] == "finished"
     ds = st["datasets"]["tools"]
-    assert ds["done"] + ds["quarantined"] == TASKS and ds["failed"] == ds["pending"] == 0
+    assert ds["done"] == TASKS and ds["failed"] == ds["pending"] == ds["quarantined"] == 0
+    check_redone(run_dir, out, st)
     info = st["excluded_providers"]["Bad"]
     assert info["by"] == "auto" and info["figures"]["metric"] == "alarm:raw_markers"
     assert info["figures"]["alarm"]["dataset"] == "tools"
@@ -88,8 +91,29 @@ def check_excluded_and_finished(out: subprocess.CompletedProcess, run_dir) -> No
     ex = specgen("export", str(run_dir), "--format", "tokens")
     assert ex.returncode == 0, ex.stderr
     rows = pq.read_table(run_dir / "exports" / "tokens.parquet").to_pylist()
-    assert rows and {r["provider"] for r in rows} == {"Good"}
+    assert {r["provider"] for r in rows} == {"Good"} and len(rows) == TASKS
     assert len(rows) == count(run_dir, "SELECT COUNT(*) FROM results WHERE provider='Good'")
+    assert "redone" in rep.stdout
+
+
+def check_redone(run_dir, out: subprocess.CompletedProcess, st: dict) -> None:
+    """Bad's samples made again by Good, each task once: Bad's samples kept in the store as
+    superseded (never deleted: paid for), its answered attempts marked so, every task done
+    once from Good, and the redo said in the summary and status with what it cost."""
+    kept_bad = count(run_dir, "SELECT COUNT(*) FROM attempts WHERE provider='Bad' AND "
+                     "outcome='superseded:provider_excluded'")
+    assert kept_bad >= 1
+    assert count(run_dir, "SELECT COUNT(*) FROM results WHERE provider!='Good'") == 0
+    assert count(run_dir, "SELECT COUNT(*) FROM superseded_results WHERE provider='Bad'") \
+        == kept_bad
+    assert count(run_dir, "SELECT COUNT(*) FROM tasks WHERE status='done'") == TASKS
+    assert count(run_dir, "SELECT COUNT(DISTINCT conversation) FROM tasks") == TASKS
+    assert count(run_dir, "SELECT COUNT(*) FROM redone") == kept_bad  # each redone once
+    red = st["redone"]
+    assert red["tasks"] == red["samples_superseded"] == red["tasks_done_again"] == kept_bad
+    assert red["attempts"] >= kept_bad  # with their tokens and cost (the status line)
+    assert f"redone: {kept_bad} task(s)" in out.stdout
+    assert f"redone: {kept_bad} task(s)" in specgen("status", str(run_dir)).stdout
 
 
 def test_a_provider_sending_raw_markers_is_excluded_and_the_run_finishes_on_the_sim(tmp_path):
