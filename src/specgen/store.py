@@ -924,8 +924,9 @@ class Store:
                   why: str, now: float) -> tuple[int, int]:
         """Make conversations' work from a turn on pending again, in one transaction (engine.redo
         decides which): their samples move to `superseded_results` (kept, never exported),
-        their answered attempts become `superseded:<why>`, their tasks are deleted (the
-        planner makes them anew) and the conversations reopen; each is recorded in `redone`.
+        their answered attempts become `superseded:<why>`, the tail's first task is pending
+        again and the later ones are deleted (the planner makes them anew from its answer),
+        and the conversations reopen; each is recorded in `redone`.
         Returns (tasks reset, samples superseded)."""
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
@@ -934,8 +935,9 @@ class Store:
             floor = c.execute("SELECT COALESCE(MAX(id), 0) FROM attempts").fetchone()[0]
             n_tasks = n_samples = 0
             for conv, turn in sorted(tails.items()):
-                ids = [(r[0],) for r in c.execute(
-                    "SELECT id FROM tasks WHERE conversation=? AND turn>=?", (conv, turn))]
+                rows = c.execute("SELECT id, turn FROM tasks WHERE conversation=? AND "
+                                 "turn>=?", (conv, turn)).fetchall()
+                ids = [(t,) for t, _turn in rows]
                 samples = c.executemany(
                     f"INSERT INTO superseded_results({cols}, superseded_at, superseded_why) "
                     f"SELECT {cols}, ?, ? FROM results WHERE task=?",
@@ -943,7 +945,11 @@ class Store:
                 c.executemany("DELETE FROM results WHERE task=?", ids)
                 c.executemany("UPDATE attempts SET outcome=? WHERE task=? AND outcome='ok'",
                               [(f"superseded:{why}", t) for (t,) in ids])
-                c.executemany("DELETE FROM tasks WHERE id=?", ids)
+                # the first is asked again (pending: a status shows it); the planner makes
+                # the later ones anew from its answer
+                c.executemany("UPDATE tasks SET status='pending', attempts=0, error=NULL "
+                              "WHERE id=?", [(t,) for t, n in rows if n == turn])
+                c.executemany("DELETE FROM tasks WHERE id=?", [(t,) for t, n in rows if n != turn])
                 c.execute("UPDATE conversations SET status=CASE WHEN EXISTS(SELECT 1 FROM "
                           "results r WHERE r.conversation=conversations.id) THEN 'active' "
                           "ELSE 'pending' END, end_reason=NULL WHERE id=?", (conv,))

@@ -7,8 +7,8 @@ conversation is redone from the first turn whose stored sample came from an excl
 provider: its later turns were planned on that answer (on-policy history, tool results paired
 with its calls), so they go too, whoever answered them. `Store.supersede` carries it out in
 one transaction: the samples move to `superseded_results` (paid for: kept, never exported),
-the tasks are made anew by the planner, the conversations reopen, and `redone` records it.
-After a kill the store holds the redo whole or not at all; a redo not yet made is made at the
+the tail's first task is pending again (the planner makes the later ones anew), the
+conversations reopen, and `redone` records it. After a kill the store holds the redo whole or not at all; a redo not yet made is made at the
 next start (its samples are still in `results`), one made is never made twice (its samples
 are gone from `results`).
 """
