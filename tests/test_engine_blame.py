@@ -321,6 +321,8 @@ def check_multi_turn_redone(run_dir, handler, sessions: int) -> None:
     assert ex.returncode == 0, ex.stderr
     rows = pq.read_table(run_dir / "exports" / "tokens.parquet").to_pylist()
     assert len(rows) == 2 * CONVS and {r["provider"] for r in rows} == {"Good"}
+    ver = specgen("verify", str(run_dir))  # one sample per done task, ids as stored
+    assert ver.returncode == 0, ver.stdout[-2000:] + ver.stderr[-2000:]
 
 
 def test_a_multi_turn_conversation_is_redone_from_the_turn_the_excluded_provider_answered(

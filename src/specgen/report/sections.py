@@ -98,8 +98,8 @@ def _summary(s: RunStats, run_dir: str) -> Section:
         ["cost of kept samples", usd(t["cost_usd"])],
         ["billed, all attempts", usd(t["billed_usd"])],
         ["invalid source rows", _invalid(s)],
-        ["redone (samples of excluded providers made again)",
-         redo_line(s.redone).removeprefix("redone: ") if s.redone else "—"],
+        *([["redone (excluded providers' work)", redo_line(s.redone).removeprefix("redone: ")]]
+          if s.redone else []),
         *_hub_rows(m),
     ]
     # the outcome, its cause and what to do open the report (its banner: specgen.run_outcome)
