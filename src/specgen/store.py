@@ -927,7 +927,18 @@ class Store:
         their answered attempts become `superseded:<why>`, the tail's first task is pending
         again and the later ones are deleted (the planner makes them anew from its answer),
         and the conversations reopen; each is recorded in `redone`.
-        Returns (tasks reset, samples superseded)."""
+        Returns (tasks reset, samples superseded); raises `StoreWriteError` as `write` does."""
+        try:
+            return self._supersede(tails, session=session, providers=providers, why=why,
+                                   now=now)
+        except (sqlite3.Error, OSError) as exc:
+            err = classify_store_error(exc, self.path)
+            if err is None:
+                raise
+            raise err from exc
+
+    def _supersede(self, tails: dict[int, int], *, session: int | None, providers: str,
+                   why: str, now: float) -> tuple[int, int]:
         c = self.conn
         c.execute("BEGIN IMMEDIATE")
         try:

@@ -28,7 +28,7 @@ from ..quality.witness import CountWitness
 from ..records import AttemptRecord
 from ..render import Renderer
 from ..request import request_dialect
-from ..store import Store
+from ..store import Store, StoreWriteError
 from . import attempts, failures, figures, loading, periodic
 from .admission import Admission
 from .answer.attempt import AnswerContext
@@ -482,7 +482,12 @@ class Engine:
         await self.writer.wait_idle()
         if not self.writer.flush():  # every answer in the store before it is judged
             return False
-        return loading.redo_in_session(self, self._redone)
+        try:
+            return loading.redo_in_session(self, self._redone)
+        except StoreWriteError as exc:  # nothing of it was written: the next start makes it
+            log.error("the redo of excluded providers' work could not be written (%s); the "
+                      "next run makes it", exc)
+            return False
 
     def _finish(self) -> Outcome:
         for ds in self.datasets:
