@@ -5,11 +5,11 @@ The end-to-end runs (simulator, an independent server, kill -9): tests/test_engi
 from __future__ import annotations
 
 import pytest
-from test_config import BASE, cfg_of, error_of
 
 from specgen.engine.redo import providers_to_redo, redo, tails
 from specgen.queries import redo_totals
 from specgen.store import Store
+from test_config import BASE, cfg_of, error_of
 
 AUTO = {"by": "auto", "reason": "r"}
 USER = {"by": "user", "reason": "r"}
