@@ -123,8 +123,10 @@ def test_auto_exclude_drops_a_provider_below_schema_accuracy_and_allow_puts_it_b
                        'schema_violation_rate = 0.6\n')
     try:
         write_jsonl(tmp_path / "w.jsonl", tool_prompts(150))
+        # redo_excluded = false: Bad's samples stay as they were, left out of the exports
+        # (the redo: test_engine_blame)
         quality = ("[quality]\nauto_exclude = true\nmin_samples = 10\nwindow = 50\n"
-                   "alarms = { schema_mismatch = false }\n")
+                   "alarms = { schema_mismatch = false }\nredo_excluded = false\n")
         path = write_config(tmp_path, sim.url, [{"name": "tools", "path": "w.jsonl"}],
                             endpoint="concurrency = 4\n", extra=quality)
         out = run_cli(path)

@@ -232,6 +232,10 @@ class QualityConfig:
     # over the last `window` answers; with auto_exclude, a provider past a threshold (with at
     # least `min_samples` answers behind the figure) is added to provider.ignore.
     auto_exclude: bool = False
+    # the samples of a provider excluded automatically are made again by the providers that
+    # remain (engine.redo): true (automatic exclusions), "all" (also `specgen provider
+    # --exclude`), false (never; exports just leave them out)
+    redo_excluded: bool | Literal["all"] = True
     window: int = 200  # recent answers per provider (and per dataset, for the alarms)
     min_samples: int = 20
     min_schema_accuracy: float = 0.9

@@ -12,7 +12,7 @@ UNKNOWN_PROVIDER = "(unknown)"  # an answer that named no provider
 # attempts that ended before any provider answered (the router's own 429, a timeout, a
 # connection error): no provider to blame, so not a provider row like the others
 NO_PROVIDER = "no provider (never answered)"
-ANSWERED_OUTCOMES = ("ok", "quarantined", "rejected")  # an attempt's outcome, before ":"
+ANSWERED_OUTCOMES = ("ok", "quarantined", "rejected", "superseded")  # outcome before ":"
 FLOAT_DIGITS = 12  # significant digits JSON floats keep: Unix times keep their milliseconds
 
 

@@ -4,6 +4,7 @@ a resumed run, status and the exporters)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -22,3 +23,18 @@ def read_excluded(meta: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 def encode_excluded(excluded: dict[str, dict[str, Any]]) -> str:
     return orjson.dumps(excluded, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def name_key(name: str) -> str:
+    """A provider name or slug as exclusions match it: lower case, letters and digits only."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def keys_of(excluded: dict[str, Any]) -> set[str]:
+    """The match keys (`name_key`) of these exclusions' names and slugs."""
+    out = set()
+    for name, info in excluded.items():
+        out.add(name_key(name))
+        if isinstance(info, dict) and info.get("slug"):
+            out.add(name_key(str(info["slug"])))
+    return out

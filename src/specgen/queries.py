@@ -249,3 +249,36 @@ def detail_text(detail: dict[str, Any]) -> str:
         if value not in ("", None):
             parts.append(f"{key}: {value}")
     return "; ".join(parts)
+
+
+def redo_totals(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    """What the run redid (engine.redo): conversations, tasks reset, samples superseded, and the attempts
+    made for them since (their tokens and cost). None when nothing was redone."""
+    try:
+        convs, tasks, samples = conn.execute(
+            "SELECT COUNT(DISTINCT conversation), COALESCE(SUM(tasks), 0), "
+            "COALESCE(SUM(samples), 0) FROM redone").fetchone()
+    except sqlite3.OperationalError:  # a store made before redo existed
+        return None
+    if not convs:
+        return None
+    attempts, pt, ct, cost, done = conn.execute(
+        "SELECT COUNT(a.id), COALESCE(SUM(a.prompt_tokens), 0), "
+        "COALESCE(SUM(a.completion_tokens), 0), COALESCE(SUM(a.cost_usd), 0), "
+        "COUNT(DISTINCT CASE WHEN t.status = 'done' THEN t.id END) FROM attempts a "
+        "JOIN tasks t ON t.id = a.task JOIN (SELECT conversation, MIN(turn) AS turn, "
+        "MIN(attempt_floor) AS floor FROM redone GROUP BY conversation) r "
+        "ON r.conversation = t.conversation AND t.turn >= r.turn AND a.id > r.floor"
+    ).fetchone()
+    return {"conversations": convs, "tasks": tasks, "samples_superseded": samples,
+            "tasks_done_again": done, "attempts": attempts, "prompt_tokens": pt,
+            "completion_tokens": ct, "cost_usd": round(cost, 9)}
+
+
+def redo_line(t: dict[str, Any]) -> str:
+    """One line for the summary, status and report."""
+    return (f"redone: {t['tasks']:,} task(s) of {t['conversations']:,} conversation(s) whose "
+            f"samples came from excluded providers ({t['samples_superseded']:,} sample(s) "
+            f"superseded, kept in the store, never exported); {t['tasks_done_again']:,} done "
+            f"again in {t['attempts']:,} attempt(s), {t['completion_tokens']:,} completion "
+            f"tokens, ${t['cost_usd']:.4f}")

@@ -121,6 +121,12 @@ WHEN OLD.outcome != NEW.outcome BEGIN
   DELETE FROM totals WHERE dataset = COALESCE(OLD.dataset, '')
     AND provider = COALESCE(OLD.provider, '') AND outcome = OLD.outcome AND attempts <= 0;
 {ADD_NEW_TO_TOTALS}END;
+-- work made again because its provider was excluded (engine.redo): one row per conversation
+-- per redo, from `turn` on; the samples it replaced are kept in superseded_results
+CREATE TABLE IF NOT EXISTS redone(
+  conversation INTEGER NOT NULL, turn INTEGER NOT NULL, tasks INTEGER NOT NULL,
+  samples INTEGER NOT NULL, session INTEGER, at REAL NOT NULL, attempt_floor INTEGER NOT NULL,
+  providers TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events(
   id INTEGER PRIMARY KEY, ts REAL NOT NULL, session INTEGER, kind TEXT NOT NULL,
   dataset TEXT, provider TEXT, detail TEXT);
@@ -913,6 +919,76 @@ class Store:
                 "SELECT dataset, reason, COUNT(*) FROM quarantine GROUP BY 1, 2"):
             out.setdefault(ds, {})[reason] = n
         return out
+
+    def supersede(self, tails: dict[int, int], *, session: int | None, providers: str,
+                  why: str, now: float) -> tuple[int, int]:
+        """Make conversations' work from a turn on pending again, in one transaction (engine.redo
+        decides which): their samples move to `superseded_results` (kept, never exported),
+        their answered attempts become `superseded:<why>`, the tail's first task is pending
+        again and the later ones are deleted (the planner makes them anew from its answer),
+        and the conversations reopen; each is recorded in `redone`.
+        Returns (tasks reset, samples superseded); raises `StoreWriteError` as `write` does."""
+        try:
+            return self._supersede(tails, session=session, providers=providers, why=why,
+                                   now=now)
+        except (sqlite3.Error, OSError) as exc:
+            err = classify_store_error(exc, self.path)
+            if err is None:
+                raise
+            raise err from exc
+
+    def _supersede(self, tails: dict[int, int], *, session: int | None, providers: str,
+                   why: str, now: float) -> tuple[int, int]:
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            cols = self._superseded_columns()
+            floor = c.execute("SELECT COALESCE(MAX(id), 0) FROM attempts").fetchone()[0]
+            n_tasks = n_samples = 0
+            for conv, turn in sorted(tails.items()):
+                rows = c.execute("SELECT id, turn FROM tasks WHERE conversation=? AND "
+                                 "turn>=?", (conv, turn)).fetchall()
+                ids = [(t,) for t, _turn in rows]
+                samples = c.executemany(
+                    f"INSERT INTO superseded_results({cols}, superseded_at, superseded_why) "
+                    f"SELECT {cols}, ?, ? FROM results WHERE task=?",
+                    [(now, why, t) for (t,) in ids]).rowcount
+                c.executemany("DELETE FROM results WHERE task=?", ids)
+                c.executemany("UPDATE attempts SET outcome=? WHERE task=? AND outcome='ok'",
+                              [(f"superseded:{why}", t) for (t,) in ids])
+                # the first is asked again (pending: a status shows it); the planner makes
+                # the later ones anew from its answer
+                c.executemany("UPDATE tasks SET status='pending', attempts=0, error=NULL "
+                              "WHERE id=?", [(t,) for t, n in rows if n == turn])
+                c.executemany("DELETE FROM tasks WHERE id=?", [(t,) for t, n in rows if n != turn])
+                c.execute("UPDATE conversations SET status=CASE WHEN EXISTS(SELECT 1 FROM "
+                          "results r WHERE r.conversation=conversations.id) THEN 'active' "
+                          "ELSE 'pending' END, end_reason=NULL WHERE id=?", (conv,))
+                c.execute("UPDATE datasets SET state='active' WHERE state='done' AND name="
+                          "(SELECT dataset FROM conversations WHERE id=?)", (conv,))
+                c.execute("INSERT INTO redone VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                          (conv, turn, len(ids), max(samples, 0), session, now, floor,
+                           providers))
+                n_tasks += len(ids)
+                n_samples += max(samples, 0)
+            c.execute("COMMIT")
+        except BaseException:
+            _rollback_quietly(c)
+            raise
+        return n_tasks, n_samples
+
+    def _superseded_columns(self) -> str:
+        """The results columns, `superseded_results` made or widened to hold them all."""
+        cols = [r[1] for r in self.conn.execute("PRAGMA table_info(results)")]
+        have = {r[1] for r in self.conn.execute("PRAGMA table_info(superseded_results)")}
+        if not have:
+            self.conn.execute("CREATE TABLE superseded_results AS SELECT *, 0.0 AS "
+                              "superseded_at, '' AS superseded_why FROM results WHERE 0")
+        else:
+            for name in cols:
+                if name not in have:
+                    self.conn.execute(f"ALTER TABLE superseded_results ADD COLUMN {name}")
+        return ", ".join(cols)
 
     def reset_failed_tasks(self, datasets: Sequence[str] | None = None) -> int:
         """Make failed tasks (and their conversations) pending again, with a fresh attempt

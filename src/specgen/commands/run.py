@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..display import printable, printable_data
+from ..queries import redo_line
 from .numbers import finite
 
 
@@ -131,6 +132,8 @@ def print_summary(status: dict, state: str, reason: str, config: str | None = No
         print(f"  excluded provider {name} ({info.get('by', '?')}): {info.get('reason', '')}; "
               f"its samples are left out of exports; `specgen provider {run_dir} --allow "
               f"{name}` puts it back")
+    if status.get("redone"):
+        print(f"  {redo_line(status['redone'])}")
     if status.get("batches"):
         from ..batch_queries import batch_summary_line
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..queries import redo_line
 from .rundir import RunDirError, add_run_dir, resolve_run_dir
 
 
@@ -109,6 +110,8 @@ def print_status(s: dict) -> None:
                       f"({info.get('by', '?')}): {escape(str(info.get('reason', '')))}; "
                       f"`specgen provider {s['run_dir']} --allow {escape(name)}` puts it back",
                       highlight=False)
+    if s.get("redone"):
+        console.print(f"  {redo_line(s['redone'])}", markup=False, highlight=False)
     for a in s.get("alarms") or []:
         if a.get("standing"):
             console.print(f"  [red]standing alarm {escape(a['alarm'])} on dataset "

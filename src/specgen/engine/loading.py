@@ -19,6 +19,7 @@ from ..queries import (
 from ..store import unpack_json
 from .progress import RowCounter
 from .providers import read_excluded
+from .redo import redo, reopened
 from .state import Conv, DsRun
 
 log = logging.getLogger("specgen.engine")
@@ -32,6 +33,7 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
         n = store.reset_failed_tasks(names)
         if n:
             log.info("--retry-failed: %d failed task(s) made pending again", n)
+    redo_at_start(engine)
     engine.failed_classes.update({k: v["count"] for k, v in failed_tasks_by_class(
         store, names).items()})
     for provider, dp, dc, form in vouched_deltas(store):
@@ -51,19 +53,59 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
     book = engine.book
     book.next_conv = store.max_id("conversations")
     book.next_task = store.max_id("tasks")
-    for cid, dsname, _conv_id, row_index, status, data in store.open_conversations():
-        ds = engine.by_name.get(dsname)
-        if ds is None:
-            continue  # dataset removed from the config: left as it is
-        conv = Conv(id=cid, ds=ds, conv=Conversation.from_json(unpack_json(data)),
-                    row_index=row_index, status=status)
-        conv.answers = {t: AssistantMessage.from_openai(m)
-                        for t, m in store.answers_of(cid).items()}
-        book.hold(conv)
-        book.advance(conv, known_tasks=store.tasks_of(cid))
+    for row in store.open_conversations():
+        reopen(engine, row)
     for ds in engine.datasets:
         book.refresh_state(ds)
         engine.row_counters[ds.name] = RowCounter(ds.cfg.path, ds.cfg.split)
+
+
+def reopen(engine, row: tuple) -> None:
+    """An open conversation of the store back in memory, asked for its next request."""
+    store = engine.store
+    cid, dsname, _conv_id, row_index, status, data = row
+    ds = engine.by_name.get(dsname)
+    if ds is None:
+        return  # dataset removed from the config: left as it is
+    conv = Conv(id=cid, ds=ds, conv=Conversation.from_json(unpack_json(data)),
+                row_index=row_index, status=status)
+    conv.answers = {t: AssistantMessage.from_openai(m)
+                    for t, m in store.answers_of(cid).items()}
+    engine.book.hold(conv)
+    engine.book.advance(conv, known_tasks=store.tasks_of(cid))
+
+
+def redo_at_start(engine) -> None:
+    """Samples of excluded providers still in the store (a session killed before it redid
+    them, or `redo_excluded = "all"` after `specgen provider --exclude`): made again now."""
+    if engine.cfg.endpoint.mode == "batch":
+        return  # batch lines are matched by conversation and turn: not redone there
+    done = redo(engine.store, read_excluded(engine.store.meta()),
+                engine.cfg.quality.redo_excluded, session=engine.session_id)
+    if done is not None:
+        engine.note_redo(done)
+
+
+def redo_in_session(engine, skip: set[int]) -> bool:
+    """At the end of the session's work: the samples of providers excluded meanwhile made
+    again, their conversations back in memory (False: nothing to redo)."""
+    done = redo(engine.store, engine.policy.excluded, engine.cfg.quality.redo_excluded,
+                session=engine.session_id, skip=skip)
+    if done is None:
+        return False
+    engine.note_redo(done)
+    store = engine.store
+    task_counts, conv_counts = store.task_counts(), store.conversation_counts()
+    for ds in engine.datasets:
+        ds.tasks = dict(task_counts.get(ds.name, {}))
+        ds.convs_by_status = dict(conv_counts.get(ds.name, {}))
+    rows = reopened(store.conn, sorted(done.conversation_ids))
+    skip.update(done.conversation_ids)
+    for row in rows:
+        reopen(engine, row)
+    for ds in engine.datasets:
+        engine.book.refresh_state(ds)
+    return True
 
 
 def _load_exclusions(engine) -> None:

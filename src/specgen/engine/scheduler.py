@@ -28,7 +28,7 @@ from ..quality.witness import CountWitness
 from ..records import AttemptRecord
 from ..render import Renderer
 from ..request import request_dialect
-from ..store import Store
+from ..store import Store, StoreWriteError
 from . import attempts, failures, figures, loading, periodic
 from .admission import Admission
 from .answer.attempt import AnswerContext
@@ -94,6 +94,7 @@ class Engine:
         self.batch = None  # mode = "batch": the batch driver answers jobs (engine.batch_driver)
         self._running = False  # dispatching (finished attempts top up the slots)
         self.started_at = time.time()
+        self._redone: set[int] = set()  # conversations redone this session (engine.redo)
 
     def _assemble(self, *, ballast, dialect_url: str | None, drain_timeout: float | None,
                   renderer_for: Callable[[bool], Renderer]) -> None:
@@ -166,6 +167,11 @@ class Engine:
 
     def progress(self) -> dict[str, Any]:
         return figures.progress(self)
+
+    def note_redo(self, done) -> None:
+        """Say that a redo (engine.redo) was made: the events, the log."""
+        self.events.add("redo", None, ", ".join(done.providers), done.message)
+        log.warning("%s", done.message)
 
     def concurrency(self) -> tuple[int, str | None]:
         """The in-flight limit now, and why it is below the configured one (None if not)."""
@@ -449,6 +455,8 @@ class Engine:
         ticker = asyncio.get_running_loop().create_task(periodic.tick(self, on_tick))
         try:
             await self._dispatch()
+            while not self.stop.halted and await self._redo():
+                await self._dispatch()  # the redo's tasks, by the providers that remain
             await self.stop.drain(self.inflight)
         finally:
             ticker.cancel()
@@ -463,6 +471,23 @@ class Engine:
             self.steering.carry_out(decision)
         await periodic.settle_store(self)
         return self._finish()
+
+    async def _redo(self) -> bool:
+        """The work is done: the samples of providers excluded meanwhile are made again
+        (engine.redo, `[quality] redo_excluded`); False when there is none to redo. Each
+        conversation is redone at most once a session."""
+        if (self.cfg.quality.redo_excluded is False or self.cfg.endpoint.mode == "batch"
+                or not self.policy.excluded or self.inflight):
+            return False
+        await self.writer.wait_idle()
+        if not self.writer.flush():  # every answer in the store before it is judged
+            return False
+        try:
+            return loading.redo_in_session(self, self._redone)
+        except StoreWriteError as exc:  # nothing of it was written: the next start makes it
+            log.error("the redo of excluded providers' work could not be written (%s); the "
+                      "next run makes it", exc)
+            return False
 
     def _finish(self) -> Outcome:
         for ds in self.datasets:

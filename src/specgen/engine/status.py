@@ -28,6 +28,7 @@ from ..queries import (
     failed_tasks_by_class,
     quality_events,
     quarantine_details,
+    redo_totals,
     witness_sides_by_provider,
 )
 from ..run_outcome import session_state
@@ -80,6 +81,7 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         "quality_events": r.events,
         "judgement": r.judgement.as_json(),  # the run's yield (specgen.judgement)
         "alarms": _alarms(r.meta, r.cfg),
+        "redone": r.redone,
     }
     if r.batches is not None:
         out["batches"] = r.batches
@@ -118,6 +120,7 @@ class StoreReads:
     batches: dict[str, Any] | None
     judgement: Any
     invalid_first: dict[str, list[str]]
+    redone: dict[str, Any] | None = None  # work of excluded providers made again (engine.redo)
 
     @property
     def cfg_datasets(self) -> dict[str, dict[str, Any]]:
@@ -141,7 +144,8 @@ def read_store(store: Store) -> StoreReads:
         sides=witness_sides_by_provider(store), shapes=conversation_shapes(store),
         events=quality_events(store), batches=batch_figures(store, cfg), judgement=judge(store),
         invalid_first={name: invalid_row_lines(store, [name]) for name, row in table.items()
-                       if row.get("rows_invalid")})
+                       if row.get("rows_invalid")},
+        redone=redo_totals(store.conn))
 
 
 def dataset_entry(name: str, r: StoreReads) -> dict[str, Any]:

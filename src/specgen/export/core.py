@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import witness_sides
 from ..display import clean_floats
-from ..exclusions import read_excluded
+from ..exclusions import keys_of, name_key, read_excluded
 from ..planner import weakest_match
 from ..store import ResultRow, Store
 from .atomic import fsync_dir, remove, remove_stale, temp_path, write_temp
@@ -482,22 +482,13 @@ def _with_prompt_checks(rows, wanted: set[str], totals: dict[str, DatasetTotals]
 
 def excluded_provider_names(meta: dict[str, str]) -> set[str]:
     """Names and slugs (normalised) of the providers the run has excluded."""
-    out = set()
-    for name, info in read_excluded(meta).items():
-        out.add(_norm(name))
-        if isinstance(info, dict) and info.get("slug"):
-            out.add(_norm(str(info["slug"])))
-    return out
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+    return keys_of(read_excluded(meta))
 
 
 def _without_providers(rows, excluded: set[str], totals: dict[str, DatasetTotals]):
     """The samples less those of excluded providers, counted per dataset."""
     for r in rows:
-        if r.provider and _norm(r.provider) in excluded:
+        if r.provider and name_key(r.provider) in excluded:
             totals[r.dataset].excluded_provider += 1
             continue
         yield r

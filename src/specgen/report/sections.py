@@ -10,7 +10,7 @@ from typing import Any
 from .. import witness_sides
 from ..exclusions import read_excluded
 from ..planner import TOOL_LOOP_ENDS
-from ..queries import conversation_counts, detail_text, early_end_note
+from ..queries import conversation_counts, detail_text, early_end_note, redo_line
 from . import svg
 from .stats import RunStats, percentile
 
@@ -98,6 +98,8 @@ def _summary(s: RunStats, run_dir: str) -> Section:
         ["cost of kept samples", usd(t["cost_usd"])],
         ["billed, all attempts", usd(t["billed_usd"])],
         ["invalid source rows", _invalid(s)],
+        *([["redone (excluded providers' work)", redo_line(s.redone).removeprefix("redone: ")]]
+          if s.redone else []),
         *_hub_rows(m),
     ]
     # the outcome, its cause and what to do open the report (its banner: specgen.run_outcome)

@@ -12,7 +12,12 @@ import orjson
 
 from ..display import UNKNOWN_PROVIDER
 from ..judgement import judge
-from ..queries import conversation_shapes, quarantine_details, witness_sides_by_provider
+from ..queries import (
+    conversation_shapes,
+    quarantine_details,
+    redo_totals,
+    witness_sides_by_provider,
+)
 
 TIME_BUCKETS = 40
 UNK = (UNKNOWN_PROVIDER,)  # the one label for a provider that was not named (a parameter)
@@ -47,6 +52,7 @@ class RunStats:
     # dataset -> turns per conversation, early ends, samples by weakest tool-result match
     shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
     judgement: Any = None  # specgen.judgement.Judgement: the run's yield over every session
+    redone: dict[str, Any] | None = None  # excluded providers' work made again (engine.redo)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -206,6 +212,7 @@ def collect(store) -> RunStats:
     stats.totals = _totals(stats)
     stats.shapes = conversation_shapes(store)
     stats.judgement = judge(store)
+    stats.redone = redo_totals(store.conn)
     return stats
 
 
