@@ -49,7 +49,7 @@ from . import (
 from .attempt import Answer, AnswerContext
 from .observe import observation, rejudged_observation
 from .outcomes import Kept, Outcome
-from .record import response_json
+from .record import response_json, unrepaired_row
 from .size import answer_bytes
 
 log = logging.getLogger("specgen.engine")
@@ -152,7 +152,7 @@ class AnswerPipeline:
             self.rejudge.hold(outcome.record, response_json(a.resp))
         elif isinstance(outcome, Kept) and a.verdict is not None and \
                 a.verdict.check in ("exact", "repaired"):
-            self.rejudge.remember(outcome.record)
+            self.rejudge.remember(outcome.record, unrepaired_row(a, outcome.record))
         decisions = self.monitor.observe(observation(a, outcome, self.ctx))
         changes = tuple(self.rejudge.take())
         return Processed(a, outcome, (*decisions, *self.observe(changes)), changes)
