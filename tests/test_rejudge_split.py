@@ -118,3 +118,25 @@ def test_an_exact_sample_is_left_as_it_is_when_its_form_splits():
     after = split(w, rj, WARMUP, row)
     assert after.count_check == "unverified"
     assert (after.message, after.input_ids) == (row.message, row.input_ids)
+
+
+def test_a_sample_repaired_at_once_while_its_prompt_waits_goes_back_too():
+    w = CountWitness()
+    rj = Rejudge(w, "quarantine", None)
+    for k in range(WARMUP):
+        judge(w, k, theirs=21)
+    rj.take()
+    # completion repaired at +1 at once; a prompt side 9 ids off on a new shape waits
+    v = w.judge("P", prompt=len(PROMPT), completion=20, shape="s", tools=True, key=100,
+                usage={"prompt_tokens": len(PROMPT) + 9, "completion_tokens": 20},
+                repair=dedup)
+    assert (v.check, v.completion_check, v.prompt_check) == ("pending", "repaired", "pending")
+    row = record(100, CUT, CUT_IDS, "pending", ["count:duplicate_events"])
+    sent = record(100, SAID, SAID_IDS, "pending", [])
+    rj.hold(row, {"content": CUT.content}, (sent.message, sent.input_ids, sent.repairs))
+    row = split(w, rj, WARMUP, row)
+    w.judge("P", prompt=len(PROMPT), completion=20, shape="s", tools=True, key=101,
+            usage={"prompt_tokens": len(PROMPT) + 9, "completion_tokens": 18})
+    row = apply(row, rj.take())
+    assert row.count_check == "unverified"
+    assert (row.message, row.input_ids, row.repairs) == (sent.message, sent.input_ids, "[]")

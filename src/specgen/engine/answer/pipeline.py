@@ -149,7 +149,8 @@ class AnswerPipeline:
     def _conclude(self, a: Answer, outcome: Outcome) -> Processed:
         outcome = self.breaker.judge(outcome)
         if isinstance(outcome, Kept) and a.verdict is not None and a.verdict.check == "pending":
-            self.rejudge.hold(outcome.record, response_json(a.resp))
+            self.rejudge.hold(outcome.record, response_json(a.resp),
+                              unrepaired_row(a, outcome.record))
         elif isinstance(outcome, Kept) and a.verdict is not None and \
                 a.verdict.check in ("exact", "repaired"):
             self.rejudge.remember(outcome.record, unrepaired_row(a, outcome.record))

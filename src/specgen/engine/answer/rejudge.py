@@ -79,10 +79,14 @@ class Rejudge:
         while len(self.recent) > RECENT:
             self.unrepaired.pop(self.recent.popitem(last=False)[0], None)
 
-    def hold(self, record: ResultRecord, response: dict[str, Any]) -> None:
+    def hold(self, record: ResultRecord, response: dict[str, Any],
+             unrepaired: tuple[str, bytes, str] | None = None) -> None:
         """A sample stored pending this session (`response`: its raw answer, for the
-        quarantine row should it end a mismatch)."""
+        quarantine row should it end a mismatch; `unrepaired`: as for `remember`, when its
+        completion was repaired at once and its prompt side waits)."""
         self.held[record.task] = (record, response)
+        if unrepaired is not None:
+            self.unrepaired[record.task] = unrepaired
 
     def take(self) -> list[Change]:
         """The samples the witness judged again since the last call."""
@@ -101,6 +105,7 @@ class Rejudge:
 
     def _change(self, r: Resolution) -> Change | None:
         held = self.held.pop(r.key, None)
+        back = self.unrepaired.pop(r.key, None)
         # this session's own view first (its latest verdict may not be committed yet)
         record = held[0] if held is not None else self.recent.get(r.key)
         if record is None and self.store is not None:
@@ -109,7 +114,6 @@ class Rejudge:
             return None  # not stored (e.g. quarantined by a later stage): nothing to change
         response = held[1] if held is not None else _stored_response(record)
         message, input_ids, repairs = _completion_fix(record, r)
-        back = self.unrepaired.pop(r.key, None)
         if r.unvouched and back is not None:
             # repaired at an offset its form has lost: the counts no longer back the repair,
             # so the sample is again what the provider sent (never rewritten unbacked)
