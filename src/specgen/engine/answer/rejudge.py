@@ -118,6 +118,9 @@ class Rejudge:
             # repaired at an offset its form has lost: the counts no longer back the repair,
             # so the sample is again what the provider sent (never rewritten unbacked)
             message, input_ids, repairs = back
+            # a true-ids row's recorded witness verdict is the final one (rewritten below)
+            repairs = orjson.dumps(["witness:pending" if x.startswith("witness:") else x
+                                    for x in orjson.loads(repairs)]).decode()
         true_ids = record.count_check == "true_ids"
         if true_ids:  # the backend's ids are the sample: the verdict on ours is measured
             repairs = orjson.dumps([f"witness:{r.count_check}" if x == "witness:pending"
