@@ -98,9 +98,11 @@ def test_a_real_run_reads_a_64k_token_loop_at_the_cost_per_token_of_a_short_one(
     base = cpu[16]  # a run's start-up and one short answer (the lesser of two runs)
     loop = {n: max(cpu[n] - base, 0.0) for n in (mid, 8 * mid)}
     # before: 22 s of CPU at 8k tokens, ~23 min at 64k (quadratic: ×64 for ×8 tokens); now
-    # both cost a few µs per token (×8). The bound allows ×24, and half a start-up's CPU for
-    # the noise of subtracting one (both scale with the machine's speed)
-    assert loop[8 * mid] < 24 * loop[mid] + 0.5 * base, (cpu, loop)
+    # both cost a few µs per token (×8). The bound allows ×24, and two start-ups' CPU for
+    # the noise of subtracting one: the 8k loop's ~0.1 s is within a start-up's spread under
+    # load (seen: loop[8k] 0.004 s, loop[64k] 0.69 s = 1.1 start-ups, failing 0.5 of one),
+    # while a quadratic loop costs hundreds of start-ups (all scale with the machine's speed)
+    assert loop[8 * mid] < 24 * loop[mid] + 2 * base, (cpu, loop)
 
 
 @pytest.mark.timing

@@ -252,3 +252,26 @@ def test_the_client_never_rewrites_an_answers_text_and_masks_its_metadata():
     assert not short.quoted_in("x")
     assert Redactor("EMPTY").text("EMPTY") == "[REDACTED]"
     assert not Redactor("EMPTY").quoted_in("EMPTY")
+
+
+def test_a_batch_result_naming_the_key_as_its_provider_leaks_it_nowhere(tmp_path):
+    # the provider field is metadata: masked as the answer arrives, before provider
+    # statistics, the log or the store see it (live mode's mask_metadata, one code path)
+    leaky = EchoApi(provider=f"Relay {KEY}")
+    try:
+        out, run_dir = run(tmp_path, leaky, KEY, "batch")
+    finally:
+        leaky.stop()
+    live = run_dir / "live.json"
+    assert live.is_file()
+    db = sqlite3.connect(run_dir / "state.sqlite")
+    providers = {p for (p,) in db.execute("SELECT provider FROM results")}
+    reasons = {r for (r,) in db.execute("SELECT reason FROM quarantine")}
+    db.close()
+    assert reasons == {"secret_in_answer"}  # every answer quotes it: none is a sample
+    sweep = {"store": store_text(run_dir), "log": (run_dir / "specgen.log").read_text(),
+             "live.json": live.read_text(), "stdout": out.stdout, "stderr": out.stderr}
+    leaked = [where for where, text in sweep.items() if KEY in text or KEY[12:40] in text]
+    assert not leaked
+    assert providers <= {"Relay [REDACTED]"}
+    assert "Relay [REDACTED]" in sweep["live.json"]

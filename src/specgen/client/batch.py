@@ -25,8 +25,9 @@ from yarl import URL
 
 from ..proxy import ProxyChooser
 from .errors import Redactor, error_from_response, snippet
+from .secrets import mask_metadata
 from .transport import TRANSPORT_ERRORS, never_sent, request_args, transport_error
-from .types import ApiError
+from .types import ApiError, ChatResponse
 
 READ_CHUNK = 1 << 20
 MAX_RESULT_PAGES = 100_000  # an OpenRouter results listing longer than this is not believed
@@ -64,6 +65,11 @@ class BatchHttp:
 
     def __repr__(self) -> str:
         return f"BatchHttp({self.base_url!r})"
+
+    def mask_metadata(self, resp: ChatResponse) -> None:
+        """Mask the key and proxy credentials in a result line's metadata, as the live client
+        masks every answer's before it is handed over (`secrets.mask_metadata`)."""
+        mask_metadata(resp, self._redact)
 
     async def __aenter__(self) -> BatchHttp:
         # no default headers (see transport.py); a new connection per call: batch calls are

@@ -488,6 +488,8 @@ class BatchDriver:
                     if not isinstance(result, ChatResponse):
                         errors.setdefault(cid, result)
                         continue
+                    # the metadata masked before anything reads it, as live answers are
+                    self.api.mask_metadata(result)
                     seen.add(cid)
                     errors.pop(cid, None)
                     marks.append(("ok", bid, cid))

@@ -62,6 +62,9 @@ class Verdict:
     # unverified because the counts cannot vouch (unusable, or the form split): feeds the
     # `unverifiable` alarm and the provider's count agreement
     unvouched: bool = False
+    # the completion repair's own names (`repairs` also holds the prompt side's): what a
+    # later split of the form takes back
+    completion_repairs: list[str] = field(default_factory=list)
 
 
 Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]
@@ -397,4 +400,5 @@ def _completion_side(completion: int, theirs: int, dc: int, offset: int,
                                    f"(expected offset {offset:+d})")
     message, ids, names = fixed
     return Verdict("repaired", f"completion: ours {completion} -> {len(ids)} after "
-                               f"{'+'.join(names)}, provider {theirs}", names, message, ids)
+                               f"{'+'.join(names)}, provider {theirs}", names, message, ids,
+                   completion_repairs=list(names))

@@ -51,6 +51,9 @@ class Answer:
     count_check: str | None = None
     prompt_ids: array | None = None
     prompt_messages: list[dict[str, Any]] | None = None
+    # the message and completion ids before a count repair of the completion, with that
+    # repair's names: what the sample goes back to if its form's offset is lost (a split)
+    unrepaired: tuple[AssistantMessage, list[int], list[str]] | None = None
     notes: list[Note] = field(default_factory=list)
     # repetition: the loop found in the completion ids (quality.repetition.Loop), if any
     repetition: Any = None

@@ -49,7 +49,7 @@ from . import (
 from .attempt import Answer, AnswerContext
 from .observe import observation, rejudged_observation
 from .outcomes import Kept, Outcome
-from .record import response_json
+from .record import response_json, unrepaired_row
 from .size import answer_bytes
 
 log = logging.getLogger("specgen.engine")
@@ -149,10 +149,11 @@ class AnswerPipeline:
     def _conclude(self, a: Answer, outcome: Outcome) -> Processed:
         outcome = self.breaker.judge(outcome)
         if isinstance(outcome, Kept) and a.verdict is not None and a.verdict.check == "pending":
-            self.rejudge.hold(outcome.record, response_json(a.resp))
+            self.rejudge.hold(outcome.record, response_json(a.resp),
+                              unrepaired_row(a, outcome.record))
         elif isinstance(outcome, Kept) and a.verdict is not None and \
                 a.verdict.check in ("exact", "repaired"):
-            self.rejudge.remember(outcome.record)
+            self.rejudge.remember(outcome.record, unrepaired_row(a, outcome.record))
         decisions = self.monitor.observe(observation(a, outcome, self.ctx))
         changes = tuple(self.rejudge.take())
         return Processed(a, outcome, (*decisions, *self.observe(changes)), changes)

@@ -15,7 +15,7 @@ import orjson
 
 from ... import jsonexact
 from ...records import QuarantineRecord, ResultRecord
-from ...store import encode_tool_matches, pack_ids, pack_json
+from ...store import encode_tool_matches, pack_ids, pack_json, unpack_ids
 from .attempt import Answer, AnswerContext
 from .outcomes import Kept, Outcome, Quarantined
 
@@ -51,6 +51,20 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
         sampling=orjson.dumps(job.settings.to_json()).decode() if job.settings else None,
         **_sides(a.verdict))
     return Kept(record, a.message, tuple(repairs), a.count_check)
+
+
+def unrepaired_row(a: Answer, record: ResultRecord) -> tuple[str, bytes, str] | None:
+    """`record`'s message, input_ids and repairs without the count repair of its completion
+    (`Answer.unrepaired`), or None when it has none."""
+    if a.unrepaired is None:
+        return None
+    message, completion, names = a.unrepaired
+    taken = {f"count:{n}" for n in names}
+    repairs = [r for r in orjson.loads(record.repairs) if r not in taken]
+    return (jsonexact.dumps(message.to_openai()).decode(),
+            pack_ids(array("I", (unpack_ids(record.input_ids) or [])[:record.n_prompt])
+                     + array("I", completion)),
+            orjson.dumps(repairs).decode())
 
 
 def quarantine_record(job, resp, q: Quarantined) -> QuarantineRecord:

@@ -7,7 +7,8 @@ Each becomes a `Change` of its stored row:
 * still a sample (exact, repaired, unverified; or a mismatch kept under `[quality]
   on_count_mismatch = "flag" | "keep"`): a `VerdictRecord` updates its verdicts, and its
   message, ids and repairs when the offset chose another completion repair than the one it was
-  stored with;
+  stored with — or, when its form split after it was repaired at the lost offset, its row as
+  it was before that repair (a repair the counts no longer back is taken back);
 * a mismatch under `on_count_mismatch = "quarantine"` (the default): the row moves to the
   quarantine table as `count_mismatch` with its figures, and its task is quarantined, as an
   answer judged a mismatch at once is (`answer.quality`).
@@ -61,19 +62,31 @@ class Rejudge:
         # this session's samples judged at once (exact, repaired): a form that splits later
         # makes them unverified, maybe before the writer committed their rows
         self.recent: OrderedDict[int, ResultRecord] = OrderedDict()
+        # those of them stored with a count repair of their completion: the row as it was
+        # without it (message, input_ids, repairs), what a split takes them back to
+        self.unrepaired: dict[int, tuple[str, bytes, str]] = {}
         self.judged: set[int] = set()
 
-    def remember(self, record: ResultRecord) -> None:
-        """A sample stored with a final verdict this session (see `recent`)."""
+    def remember(self, record: ResultRecord,
+                 unrepaired: tuple[str, bytes, str] | None = None) -> None:
+        """A sample stored with a final verdict this session (see `recent`); `unrepaired`:
+        its row without the count repair of its completion, when it has one."""
         self.judged.add(record.task)
         self.recent[record.task] = record
+        self.unrepaired.pop(record.task, None)
+        if unrepaired is not None:
+            self.unrepaired[record.task] = unrepaired
         while len(self.recent) > RECENT:
-            self.recent.popitem(last=False)
+            self.unrepaired.pop(self.recent.popitem(last=False)[0], None)
 
-    def hold(self, record: ResultRecord, response: dict[str, Any]) -> None:
+    def hold(self, record: ResultRecord, response: dict[str, Any],
+             unrepaired: tuple[str, bytes, str] | None = None) -> None:
         """A sample stored pending this session (`response`: its raw answer, for the
-        quarantine row should it end a mismatch)."""
+        quarantine row should it end a mismatch; `unrepaired`: as for `remember`, when its
+        completion was repaired at once and its prompt side waits)."""
         self.held[record.task] = (record, response)
+        if unrepaired is not None:
+            self.unrepaired[record.task] = unrepaired
 
     def take(self) -> list[Change]:
         """The samples the witness judged again since the last call."""
@@ -92,6 +105,7 @@ class Rejudge:
 
     def _change(self, r: Resolution) -> Change | None:
         held = self.held.pop(r.key, None)
+        back = self.unrepaired.pop(r.key, None)
         # this session's own view first (its latest verdict may not be committed yet)
         record = held[0] if held is not None else self.recent.get(r.key)
         if record is None and self.store is not None:
@@ -100,6 +114,13 @@ class Rejudge:
             return None  # not stored (e.g. quarantined by a later stage): nothing to change
         response = held[1] if held is not None else _stored_response(record)
         message, input_ids, repairs = _completion_fix(record, r)
+        if r.unvouched and back is not None:
+            # repaired at an offset its form has lost: the counts no longer back the repair,
+            # so the sample is again what the provider sent (never rewritten unbacked)
+            message, input_ids, repairs = back
+            # a true-ids row's recorded witness verdict is the final one (rewritten below)
+            repairs = orjson.dumps(["witness:pending" if x.startswith("witness:") else x
+                                    for x in orjson.loads(repairs)]).decode()
         true_ids = record.count_check == "true_ids"
         if true_ids:  # the backend's ids are the sample: the verdict on ours is measured
             repairs = orjson.dumps([f"witness:{r.count_check}" if x == "witness:pending"
@@ -122,7 +143,9 @@ class Rejudge:
             repairs=repairs)
         if after in ("exact", "repaired"):  # its form may still split: judged again then
             self.remember(record._replace(**{k: v for k, v in verdict._asdict().items()
-                                             if v is not None}))
+                                             if v is not None}),
+                          back or ((record.message, record.input_ids, record.repairs)
+                                   if message is not None else None))
         return Change(**base, verdict=verdict)
 
 

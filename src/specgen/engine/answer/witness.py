@@ -41,6 +41,7 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
     check_ = verdict.check
     if check_ != "mismatch" and verdict.repairs:  # repaired (or pending on its prompt side)
         if verdict.message is not None:
+            a.unrepaired = (a.message, a.completion, list(verdict.completion_repairs))
             a.message, a.completion = verdict.message, verdict.ids
         if verdict.prompt_ids is not None:  # the model saw another prompt: that one
             a.prompt_ids = array("I", verdict.prompt_ids)
