@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .forms import FORMS, MAX_OFFSET, OFFSETS, WARMUP, Form
+from .repairs import SAMPLED_FORM, Ambiguous
 from .shapes import PROMPT_MISMATCHES, ShapeBook, combine
 
 UNUSABLE_AFTER = 20  # answers after which counts no offset explains make them unusable
@@ -64,7 +65,7 @@ class Verdict:
     unvouched: bool = False
 
 
-Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]
+Repair = Callable[[int], tuple[Any, list[int], list[str]] | Ambiguous | None]
 PromptRepair = Callable[[int], tuple[list[int], list[str]] | None]
 
 
@@ -92,13 +93,15 @@ class CountWitness:
 
     def judge(self, provider: str, *, prompt: int, completion: int, usage: dict[str, Any],
               repair: Repair | None = None, prompt_repair: PromptRepair | None = None,
+              sampled_repair: Repair | None = None,
               shape: str = "", tools: bool = False, key: Any = None, form: str = "plain",
               history: bool = False, system: bool = True,
               prompt_floor: Callable[[], int] | None = None,
               default_system: Callable[[], int] | None = None) -> Verdict:
         """Our counts (`prompt`, `completion` ids) against the answer's `usage`. `repair(n)`
         tries the known transformations for a completion of exactly n ids (None: none could
-        apply); `prompt_repair(n)` the same for the prompt. `form` is the answer's form;
+        apply); `sampled_repair(n)` those joined with the forms the model may have sampled
+        (None: the answer has no other form); `prompt_repair(n)` the same for the prompt. `form` is the answer's form;
         `shape`, `history` (earlier assistant or tool turns), `system` (a system message),
         `prompt_floor()` (the fewest prompt ids any stack could have fed for these messages)
         and `default_system()` (ids of the template's default system prompt) classify the
@@ -109,28 +112,31 @@ class CountWitness:
         dc = theirs_c - completion
         candidates = {o: _completion_side(completion, theirs_c, dc, o, repair)
                       for o in OFFSETS}
-        support = {o: v.check == "exact" for o, v in candidates.items()
-                   if v.check in ("exact", "repaired")}
+        support = _support(candidates)
+        sampled = None if sampled_repair is None else {
+            o: _completion_side(completion, theirs_c, dc, o, sampled_repair) for o in OFFSETS}
         f = self.form(provider, form)
         settled = f.offset is not None
         hold = False
         unexplained = self.unexplained.setdefault(provider, deque(maxlen=WINDOW))
-        unexplained.append(not support)
+        explained = bool(support or (sampled is not None and _support(sampled)))
+        unexplained.append(not explained)
         if self.unusable(provider):
             verdict = Verdict("unverified", f"{provider}'s completion counts are unusable "
                                             f"(ours {completion}, provider {theirs_c})",
                               unvouched=True)
-        elif not support:
+        elif not explained:
             verdict = Verdict("mismatch", f"completion: ours {completion}, provider "
                                           f"{theirs_c} (no counting offset within "
                                           f"±{MAX_OFFSET} and no repair explains it)")
         else:
-            f.add(support)
+            f.add(support, None if sampled is None else _support(sampled))
             self._evaluate(provider, form)
+            judged = sampled if sampled is not None and f.forms else candidates
             if f.split:
                 verdict = _split_verdict(provider, form)
-            elif f.offset is not None and candidates[f.offset].check != "mismatch":
-                verdict = candidates[f.offset]
+            elif f.offset is not None and judged[f.offset].check != "mismatch":
+                verdict = judged[f.offset]
             else:
                 hold = True  # learning, or another offset than the adopted one explains it
                 verdict = Verdict("pending")
@@ -158,7 +164,7 @@ class CountWitness:
                      completion_delta=dc, shape=shape)
         if hold:
             self.open[key if key is not None else object()] = _Open(
-                provider, form, candidates, p_check, theirs_c, dc)
+                provider, form, candidates, p_check, theirs_c, dc, sampled)
         elif p_check == "pending" and verdict.unvouched and key is not None:
             # final, unvouched, its prompt side waits: said so when both are final
             self.decided[key] = (Verdict(c_check, verdict.detail, unvouched=True), True)
@@ -213,7 +219,7 @@ class CountWitness:
             if f.split:
                 v, unvouched = _split_verdict(provider, form), True
             else:
-                v, unvouched = o.candidates[f.offset], False
+                v, unvouched = o.at(f.offset, f.forms), False
                 if v.check == "mismatch" and not final:
                     continue  # the evidence may still turn: judged when it is final
             del self.open[key]
@@ -364,6 +370,12 @@ class _Open:
     prompt_check: str
     theirs: int  # the provider's completion count
     delta: int  # provider − ours (before any repair)
+    sampled: dict[int, Verdict] | None = None  # with the sampled forms (None: the same)
+
+    def at(self, offset: int, forms: bool) -> Verdict:
+        """Its verdict at the form's adopted offset, with the sampled forms if adopted so."""
+        return (self.sampled if forms and self.sampled is not None
+                else self.candidates)[offset]
 
 
 @dataclass(slots=True)
@@ -378,6 +390,19 @@ class Resolution:
     completion_check: str
     completion: Verdict | None = None
     unvouched: bool = False
+
+
+def _support(candidates: dict[int, Verdict]) -> dict[int, bool]:
+    """The offsets an answer is right at ({offset: right there as answered})."""
+    return {o: _as_answered(v) for o, v in candidates.items()
+            if v.check in ("exact", "repaired")}
+
+
+def _as_answered(v: Verdict) -> bool:
+    """Right as the provider answered it: exact, or one of the forms the model may have
+    sampled for the unchanged text (`sampled_form:*` alone: no transformation undone)."""
+    return v.check == "exact" or bool(v.repairs) and all(
+        r.startswith(SAMPLED_FORM + ":") for r in v.repairs)
 
 
 def _split_verdict(provider: str, form: str) -> Verdict:
@@ -395,6 +420,11 @@ def _completion_side(completion: int, theirs: int, dc: int, offset: int,
     if fixed is None:
         return Verdict("mismatch", f"completion: ours {completion}, provider {theirs} "
                                    f"(expected offset {offset:+d})")
+    if isinstance(fixed, Ambiguous):
+        ways = " / ".join("+".join(n) or "as answered" for n in fixed.names)
+        return Verdict("mismatch", f"completion: ours {completion}, provider {theirs} "
+                                   f"(expected offset {offset:+d}: {len(fixed.names)} "
+                                   f"repairs fit, {ways}; the count cannot tell which)")
     message, ids, names = fixed
     return Verdict("repaired", f"completion: ours {completion} -> {len(ids)} after "
                                f"{'+'.join(names)}, provider {theirs}", names, message, ids)

@@ -12,14 +12,15 @@ for the sample is the quality stage's call (`answer.quality`).
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections import Counter
 
 from ...conversation import REASONING_KEYS
 from ...display import UNKNOWN_PROVIDER
 from ...quality.forms import MAX_OFFSET, answer_form
+from ...quality.repairs import Ambiguous, count_repair, dedup_repair, form_repair, prompt_repair
 from ...quality.repairs import candidates as repair_candidates
-from ...quality.repairs import count_repair, dedup_repair, prompt_repair
 from ...quality.shapes import FLOOR_SLACK_PER_MESSAGE, shape_signature
 from ...quality.witness import Verdict
 from ...render.serving import history_as_served, may_be_served_differently, reserialized_history
@@ -76,9 +77,13 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
     job, resp, message = a.job, a.resp, a.message
     key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
     reasoning_witness = _reasoning_witness(ctx, key, job)
-    repair = None
+    repair = sampled = None
     restyled = repair_candidates(message)
-    if a.truncated or not (restyled or resp.duplicates):
+    # the forms the model may have sampled besides the canonical one (a tool-call answer
+    # without the section end, ...): a count-guided repair like a re-serialisation
+    forms = not a.truncated and message is not None and len(job.renderer.completion_variants(
+        message, context=job.messages, tools=job.tools)) > 1
+    if a.truncated or not (restyled or resp.duplicates or forms):
         # nothing a provider could have transformed (or a cut answer): a plain answer
         if a.truncated:
             return Verdict("unverified", "cut at max_tokens: counts not judged")
@@ -104,6 +109,22 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
             if fits and all(f[1] == fits[0][1] for f in fits):
                 return fits[0]  # one result, however it is reached
             return None  # none, or two that fit with other ids: ambiguous
+
+        if forms:
+            variants = functools.cache(lambda m: job.renderer.completion_variant_ids(
+                m, context=job.messages, tools=job.tools))
+
+            def sampled(target: int):
+                """`repair` joined with the forms the model may have sampled."""
+                fits = [fix for fix in (
+                    form_repair(message, target, variants),
+                    dedup_repair(resp, target, rebuild, reasoning_witness) if resp.duplicates
+                    else None)
+                    if fix is not None]
+                if any(isinstance(f, Ambiguous) for f in fits) or len(
+                        {tuple(f[1]) for f in fits}) != 1:
+                    return None  # none, or two that fit with other ids: ambiguous
+                return fits[0]
     prompt_fix = None
     chosen: list = []
     candidates = served_candidates(job)
@@ -120,7 +141,7 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
     system = any(m.get("role") == "system" for m in messages)
     verdict = ctx.witness.judge(
         key, prompt=len(job.prompt_ids), completion=len(a.completion),
-        usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix,
+        usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix, sampled_repair=sampled,
         shape=shape_signature(job.tools, job.messages, thinking), tools=bool(job.tools),
         key=job.task_id, form=answer_form(message),
         history=any(m.get("role") in ("assistant", "tool") for m in messages),
