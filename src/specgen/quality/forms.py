@@ -19,6 +19,13 @@ offset explains): mid-run once `WARMUP` answers are in, at the session's end wit
 A form whose answers split (no offset holding 80% once `SPLIT_AFTER` answers are in, or at the
 end; or an adopted offset that drops below 80%) is **split** for the session: its samples are
 `unverified`, the latest ones judged at the offset it had adopted included (judged again).
+
+Sampled forms: an answer the model may have sampled in another form (a Kimi tool call without
+`<|tool_calls_section_end|>`, `quality.repairs.form_repair`) supports offsets in a second table.
+Those forms are the interpretation only when that table's best offset explains strictly more
+answers than the plain table's (from SPLIT_AFTER answers mid-run); a tie (the same answers
+explained as a counting offset or as a sampled form) waits up to TIE_AFTER answers, then keeps
+the counting offset (docs/quality.md, "Sampled forms").
 """
 
 from __future__ import annotations
