@@ -187,3 +187,33 @@ def test_azure_counts_keep_reasoning_and_tool_call_answers(tmp_path, kimi):
     assert quarantined == 0
     for r in kept:  # never a silent mismatch: the ids kept are the ones sampled
         assert r.input_ids[r.n_prompt:] == server.sampled[question(r)], r.repairs
+
+
+def test_token_in_ids_without_the_section_end_are_a_sampled_form_not_a_difference():
+    from types import SimpleNamespace
+
+    from specgen.conversation import AssistantMessage, ToolCall
+    from specgen.engine.answer.witness import _token_in
+    from specgen.render import get_renderer
+    from specgen.tokenizer import load_tokenizer
+
+    renderer = get_renderer("kimi-k2.5", load_tokenizer(str(model_path("kimi-k2.5"))),
+                            thinking=False)
+    messages = [{"role": "user", "content": "Find question 1"}]
+    msg = AssistantMessage(content="", tool_calls=(
+        ToolCall("functions.lookup:0", "lookup", '{"query": "item 1"}'),))
+    forms = renderer.completion_variant_ids(msg, context=messages, tools=[LOOKUP])
+
+    def judged(ids):
+        a = SimpleNamespace(
+            job=SimpleNamespace(prompt_ids=[1, 2], renderer=renderer, messages=messages,
+                                tools=[LOOKUP]),
+            resp=SimpleNamespace(prompt_token_ids=None, completion_token_ids=None),
+            message=msg, completion=ids, truncated=False, repairs=[], verdict=None,
+            count_check=None)
+        _token_in(a)
+        return a.repairs
+
+    assert judged(forms["canonical"]) == []
+    assert judged(forms["no_section_end"]) == ["sampled_form:no_section_end"]
+    assert judged(forms["canonical"][1:]) == ["flag:rerender_differs"]

@@ -19,7 +19,14 @@ from collections import Counter
 from ...conversation import REASONING_KEYS
 from ...display import UNKNOWN_PROVIDER
 from ...quality.forms import MAX_OFFSET, answer_form
-from ...quality.repairs import Ambiguous, count_repair, dedup_repair, form_repair, prompt_repair
+from ...quality.repairs import (
+    SAMPLED_FORM,
+    Ambiguous,
+    count_repair,
+    dedup_repair,
+    form_repair,
+    prompt_repair,
+)
 from ...quality.repairs import candidates as repair_candidates
 from ...quality.shapes import FLOOR_SLACK_PER_MESSAGE, shape_signature
 from ...quality.witness import Verdict
@@ -59,15 +66,22 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
 
 def _token_in(a: Answer) -> None:
     """Exact by construction: the prompt was ours, the ids are the server's. The re-render
-    of the parsed message is what the next turn's history holds; a difference is flagged."""
+    of the parsed message is what the next turn's history holds; a difference is flagged,
+    unless the ids are another form the model may have sampled (named `sampled_form:*`)."""
     job = a.job
     a.resp.prompt_token_ids = list(job.prompt_ids)
     a.resp.completion_token_ids = a.completion
     a.verdict = Verdict("true_ids", "token-in")
     a.count_check = "true_ids"
-    if not a.truncated and job.renderer.completion_ids(
-            a.message, context=job.messages, tools=job.tools) != a.completion:
+    if a.truncated:
+        return
+    forms = job.renderer.completion_variant_ids(a.message, context=job.messages,
+                                                tools=job.tools)
+    form = next((name for name, ids in forms.items() if ids == list(a.completion)), None)
+    if form is None:
         a.repairs.append("flag:rerender_differs")
+    elif form != "canonical":  # sampled in another form (no section end, ...): verify
+        a.repairs.append(f"{SAMPLED_FORM}:{form}")  # re-renders it in that form
 
 
 def judge(a: Answer, ctx: AnswerContext) -> Verdict:
