@@ -26,7 +26,7 @@ from specgen.store import Store
 from specgen.verify import verify_run
 from test_engine_sim import go
 from test_engine_support import write_config, write_jsonl
-from test_witness_providers import Handler as JsonHandler
+from test_witness_agents import Handler as AgentHandler
 from test_witness_providers import official  # noqa: F401 - the fixture
 
 SECTION_END = "<|tool_calls_section_end|>"
@@ -54,15 +54,7 @@ class Provider(ThreadingHTTPServer):
         self.lock = threading.Lock()
 
 
-class Handler(JsonHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        try:
-            self._send(200, self._answer(body))
-        except Exception as exc:  # noqa: BLE001 - the test reads it
-            self.server.errors.append(repr(exc))
-            self._send(400, {"error": {"code": 400, "message": repr(exc)}})
-
+class Handler(AgentHandler):  # its POST handling; the answers are this test's
     def _answer(self, body: dict) -> dict:
         srv: Provider = self.server
         off = srv.official
