@@ -209,3 +209,18 @@ def test_token_in_ids_without_the_section_end_are_a_sampled_form_not_a_differenc
     assert judged(forms["canonical"]) == []
     assert judged(forms["no_section_end"]) == ["sampled_form:no_section_end"]
     assert judged(forms["canonical"][1:]) == ["flag:rerender_differs"]
+
+
+def test_a_resumed_run_keeps_the_sampled_forms(tmp_path, kimi):
+    # the first session adopts offset 0 with the sampled forms; the second seeds its
+    # evidence from the stored samples (those in a sampled form as such) and keeps judging so
+    _, _, first, got = run(tmp_path, kimi, "omits", 20, reasoning=False)
+    assert len(got) == 20
+    cfg, outcome, second, got = run(tmp_path, kimi, "omits", 40, reasoning=False)
+    assert outcome.state == "finished" and outcome.exit_code == 0, outcome
+    sampled = {**first.sampled, **second.sampled}
+    assert len(got) == 40 and len(second.sampled) == 20
+    kept = [r for r in got if r.count_check in ("exact", "repaired")]
+    assert len(kept) >= 0.95 * len(got), sorted((r.count_check, r.completion_delta)
+                                                for r in got)
+    assert all(r.input_ids[r.n_prompt:] == sampled[question(r)] for r in kept)

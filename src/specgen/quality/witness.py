@@ -273,14 +273,23 @@ class CountWitness:
         return self.take_resolved()
 
     def seed(self, provider: str, prompt_delta: int | None, completion_delta: int,
-             form: str = "plain") -> None:
+             form: str = "plain", sampled: str = "canonical") -> None:
         """An earlier session's sample its counts vouched for (exact or repaired): its
         completion delta (after its repair) is evidence of its form's offset, so a resumed
-        run does not learn it again."""
+        run does not learn it again. One stored in a `sampled` form (not "canonical") is
+        evidence for the sampled-forms table; the plain one saw its canonical form, as many
+        ids longer as the form's names drop markers (one each)."""
         del prompt_delta  # the prompt side records; it learns per request shape (seed_shape)
-        if abs(completion_delta) <= MAX_OFFSET:
-            self.form(provider, form).add({completion_delta: True})
-            self._evaluate(provider, form)
+        if abs(completion_delta) > MAX_OFFSET:
+            return
+        f = self.form(provider, form)
+        if sampled == "canonical":
+            f.add({completion_delta: True})
+        else:
+            plain = completion_delta - len(sampled.split("+"))
+            f.add({plain: True} if abs(plain) <= MAX_OFFSET else {},
+                  {completion_delta: True})
+        self._evaluate(provider, form)
 
     def learn_offset(self, provider: str, offset: int, form: str = "plain") -> None:
         """A form's completion offset measured beforehand (`specgen probe`): known at once,
