@@ -101,11 +101,11 @@ class CountWitness:
         """Our counts (`prompt`, `completion` ids) against the answer's `usage`. `repair(n)`
         tries the known transformations for a completion of exactly n ids (None: none could
         apply); `sampled_repair(n)` those joined with the forms the model may have sampled
-        (None: the answer has no other form); `prompt_repair(n)` the same for the prompt. `form` is the answer's form;
-        `shape`, `history` (earlier assistant or tool turns), `system` (a system message),
-        `prompt_floor()` (the fewest prompt ids any stack could have fed for these messages)
-        and `default_system()` (ids of the template's default system prompt) classify the
-        prompt side. `key` (the task id) names a sample judged again later."""
+        (None: the answer has no other form); `prompt_repair(n)` the same for the prompt.
+        `form` is the answer's form; `shape`, `history` (earlier assistant or tool turns),
+        `system` (a system message), `prompt_floor()` (the fewest prompt ids any stack could
+        have fed for these messages) and `default_system()` (ids of the template's default
+        system prompt) classify the prompt side. `key` (the task id) names a sample judged again later."""
         theirs_p, theirs_c = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
         if theirs_c is None:
             return Verdict("unverified", "no usage counts in the answer", form=form)
