@@ -189,3 +189,25 @@ def test_an_unvouched_sample_whose_prompt_waits_stays_unvouched():
             tools=True)
     got = {r.key: r for r in w.take_resolved()}
     assert got[50].count_check == "unverified" and got[50].unvouched
+
+
+def test_the_sampled_forms_are_the_interpretation_only_when_they_explain_more():
+    from specgen.quality.forms import SPLIT_AFTER, TIE_AFTER, Form
+
+    # 80% of tool-call answers without the section end, 20% canonical, honest counts: the
+    # plain table holds -1 for 80%, the sampled one 0 for all of them
+    f = Form()
+    for i in range(SPLIT_AFTER):
+        omitted = i % 5 != 0
+        f.add({-1: True} if omitted else {0: True},
+              {-1: True, 0: True} if omitted else {0: True, 1: True})
+        f.evaluate()
+    assert f.offset == 0 and f.forms
+    # every answer one fewer (a counting offset or the form without the end alike): a tie
+    # waits, then keeps the counting offset
+    g = Form()
+    for _ in range(TIE_AFTER - 1):
+        g.add({-1: True}, {-1: True, 0: True})
+        assert g.evaluate() is None
+    g.add({-1: True}, {-1: True, 0: True})
+    assert g.evaluate() == "adopted" and g.offset == -1 and not g.forms

@@ -51,21 +51,27 @@ def count_checks_by_provider(store: Store) -> dict[str, dict[str, int]]:
 
 
 def vouched_deltas(store: Store, per_provider: int = 200
-                   ) -> list[tuple[str, int | None, int, str]]:
-    """(provider, prompt delta, completion delta, answer form) of the latest samples each
-    provider's own counts vouched for (`exact` / `repaired`): provider's count − ours."""
+                   ) -> list[tuple[str, int | None, int, str, str]]:
+    """(provider, prompt delta, completion delta, answer form, sampled form) of the latest
+    samples each provider's own counts vouched for (`exact` / `repaired`): provider's count −
+    ours; the sampled form is "canonical" unless a repair names another
+    (`count:sampled_form:<name>`)."""
+    from .quality.repairs import sampled_form
+
     try:
         rows = store.conn.execute(
             "SELECT provider, prompt_tokens - n_prompt, "
-            "completion_tokens - (LENGTH(input_ids) / 4 - n_prompt), message FROM ("
+            "completion_tokens - (LENGTH(input_ids) / 4 - n_prompt), message, repairs FROM ("
             "  SELECT provider, prompt_tokens, completion_tokens, n_prompt, input_ids, "
-            "  message, ROW_NUMBER() OVER (PARTITION BY provider ORDER BY task DESC) AS k "
+            "  message, repairs, "
+            "  ROW_NUMBER() OVER (PARTITION BY provider ORDER BY task DESC) AS k "
             "  FROM results WHERE count_check IN ('exact', 'repaired') "
             "  AND completion_tokens IS NOT NULL AND provider IS NOT NULL) WHERE k <= ? "
             "ORDER BY 1", (per_provider,)).fetchall()
     except sqlite3.OperationalError:
         return []
-    return [(p, dp, dc, stored_form(m)) for p, dp, dc, m in rows]
+    return [(p, dp, dc, stored_form(m), sampled_form(orjson.loads(r or "[]")))
+            for p, dp, dc, m, r in rows]
 
 
 def stored_form(message: Any) -> str:

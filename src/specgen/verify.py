@@ -41,6 +41,7 @@ from .conversation import AssistantMessage
 from .display import UNKNOWN_PROVIDER
 from .export.snapshot import read_snapshot
 from .judgement import judge
+from .quality.repairs import sampled_form
 from .queries import detail_text, quarantine_details
 from .store import ResultRow, decode_result_row
 
@@ -374,13 +375,23 @@ class SampleChecker:
         try:
             sample = self.renderer.sample([*messages, row.message], tools)
             prompt_text = self.renderer.render_text(messages, tools, add_generation_prompt=True)
-            completion_text = self.renderer.completion_text(row.message, context=messages,
-                                                            tools=tools)
+            # the form the model sampled, as the count witness found it (quality.repairs,
+            # `sampled_form`): the canonical completion unless a repair names another
+            form = sampled_form(row.repairs)
+            variants = self.renderer.completion_variants(row.message, context=messages,
+                                                         tools=tools)
+            if form not in variants:
+                problem("render", f"the stored sampled form {form!r} is not one of this "
+                                  f"message's forms ({', '.join(variants)})")
+                return problems
+            completion_text = variants[form]
         except Exception as exc:  # noqa: BLE001 - a sample that cannot be re-rendered is wrong
             problem("render", f"cannot re-render the stored request: {exc}")
             return problems
         want_prompt = sample.input_ids[: sample.n_prompt]
-        want_completion = sample.input_ids[sample.n_prompt:]
+        want_completion = (sample.input_ids[sample.n_prompt:] if form == "canonical" else
+                           self.renderer.encode_completion(completion_text, context=messages,
+                                                           tools=tools))
         truncated = row.finish_reason == "length"  # kept at max_tokens: no stop token sampled
         if truncated:
             want_completion = self._truncated(row, messages, tools, ids[sample.n_prompt:])
@@ -430,7 +441,9 @@ class SampleChecker:
         if not truncated:  # a cut answer may end inside a tool-call section
             if None not in self.section:
                 opens, closes = (completion.count(t) for t in self.section)
-                if opens != closes or opens != (1 if calls else 0):
+                # a form sampled without the section end closes none (quality.repairs)
+                closed = "no_section_end" not in sampled_form(row.repairs).split("+")
+                if opens != (1 if calls else 0) or closes != (opens if closed else 0):
                     problem("specials", f"tool-call section markers {opens} open / {closes} "
                                         f"close for {calls} tool call(s)")
             if None not in self.call:

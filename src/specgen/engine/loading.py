@@ -36,8 +36,8 @@ def load(engine, *, retry_failed: bool = False, ack_alarms: tuple[str, ...] = ()
     redo_at_start(engine)
     engine.failed_classes.update({k: v["count"] for k, v in failed_tasks_by_class(
         store, names).items()})
-    for provider, dp, dc, form in vouched_deltas(store):
-        engine.witness.seed(provider, dp, dc, form)
+    for provider, dp, dc, form, sampled in vouched_deltas(store):
+        engine.witness.seed(provider, dp, dc, form, sampled=sampled)
     for provider, task, p_check, theirs, dc, n, repairs, form in pending_completions(store):
         engine.witness.seed_open(provider, task, theirs=theirs, delta=dc, stored=n,
                                  prompt_check=p_check or "unverified", repairs=repairs,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..conversation import AssistantMessage, Message, ToolCall
@@ -91,6 +91,52 @@ def count_repair(message: AssistantMessage, target: int, render: Render
         if len(ids) == target and all(ids != f[1] for f in found):
             found.append((candidate, ids, names))
     return found[0] if len(found) == 1 else None
+
+
+SAMPLED_FORM = "sampled_form"  # repair name prefix: `sampled_form:<variant name>`
+Variants = Callable[[AssistantMessage], dict[str, list[int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Ambiguous:
+    """Two or more repairs make the ids the counted length with different ids: the count
+    explains the answer but cannot tell which ids the model sampled (`names` of each)."""
+
+    names: tuple[tuple[str, ...], ...]
+
+
+def form_repair(message: AssistantMessage, target: int, variants: Variants
+                ) -> tuple[AssistantMessage, list[int], list[str]] | Ambiguous | None:
+    """`count_repair` joined with the forms the model may have sampled (`Renderer.
+    completion_variant_ids`: a Kimi tool-call answer without `<|tool_calls_section_end|>`,
+    a content-less reasoning turn without `</think>`): every known transformation of the
+    message (and the message itself) in every sampled form, the unchanged message's
+    canonical form excepted (that one is `exact`). A fit is taken only when exactly one id
+    sequence is `target` long (`Ambiguous` when more are); a non-canonical form is named
+    `sampled_form:<name>`."""
+    found: dict[tuple[int, ...], tuple[AssistantMessage, list[str]]] = {}
+    for names, candidate in [([], message), *candidates(message)]:
+        for form, ids in variants(candidate).items():
+            if len(ids) != target or (form == "canonical" and not names):
+                continue
+            tag = [] if form == "canonical" else [f"{SAMPLED_FORM}:{form}"]
+            found.setdefault(tuple(ids), (candidate, [*names, *tag]))
+    if len(found) > 1:
+        return Ambiguous(tuple(tuple(n) for _, n in found.values()))
+    if not found:
+        return None
+    ids, (fixed, names) = next(iter(found.items()))
+    return fixed, list(ids), names
+
+
+def sampled_form(repairs: list[str]) -> str:
+    """The sampled form a stored sample's repairs name (`count:sampled_form:<name>`), or
+    "canonical"."""
+    for r in repairs:
+        name = r.removeprefix("count:")
+        if name.startswith(SAMPLED_FORM + ":"):
+            return name[len(SAMPLED_FORM) + 1:]
+    return "canonical"
 
 
 def prompt_repair(candidates: list[tuple[str, list[Message]]], target: int,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .forms import FORMS, MAX_OFFSET, OFFSETS, WARMUP, Form
+from .repairs import SAMPLED_FORM, Ambiguous
 from .shapes import PROMPT_MISMATCHES, ShapeBook, combine
 
 UNUSABLE_AFTER = 20  # answers after which counts no offset explains make them unusable
@@ -67,7 +68,7 @@ class Verdict:
     completion_repairs: list[str] = field(default_factory=list)
 
 
-Repair = Callable[[int], tuple[Any, list[int], list[str]] | None]
+Repair = Callable[[int], tuple[Any, list[int], list[str]] | Ambiguous | None]
 PromptRepair = Callable[[int], tuple[list[int], list[str]] | None]
 
 
@@ -95,45 +96,50 @@ class CountWitness:
 
     def judge(self, provider: str, *, prompt: int, completion: int, usage: dict[str, Any],
               repair: Repair | None = None, prompt_repair: PromptRepair | None = None,
+              sampled_repair: Repair | None = None,
               shape: str = "", tools: bool = False, key: Any = None, form: str = "plain",
               history: bool = False, system: bool = True,
               prompt_floor: Callable[[], int] | None = None,
               default_system: Callable[[], int] | None = None) -> Verdict:
         """Our counts (`prompt`, `completion` ids) against the answer's `usage`. `repair(n)`
         tries the known transformations for a completion of exactly n ids (None: none could
-        apply); `prompt_repair(n)` the same for the prompt. `form` is the answer's form;
-        `shape`, `history` (earlier assistant or tool turns), `system` (a system message),
-        `prompt_floor()` (the fewest prompt ids any stack could have fed for these messages)
-        and `default_system()` (ids of the template's default system prompt) classify the
-        prompt side. `key` (the task id) names a sample judged again later."""
+        apply); `sampled_repair(n)` those joined with the forms the model may have sampled
+        (None: the answer has no other form); `prompt_repair(n)` the same for the prompt.
+        `form` is the answer's form; `shape`, `history` (earlier assistant or tool turns),
+        `system` (a system message), `prompt_floor()` (the fewest prompt ids any stack could
+        have fed for these messages) and `default_system()` (ids of the template's default
+        system prompt) classify the prompt side. `key` (the task id) names a sample judged again later."""
         theirs_p, theirs_c = _count(usage, "prompt_tokens"), _count(usage, "completion_tokens")
         if theirs_c is None:
             return Verdict("unverified", "no usage counts in the answer", form=form)
         dc = theirs_c - completion
         candidates = {o: _completion_side(completion, theirs_c, dc, o, repair)
                       for o in OFFSETS}
-        support = {o: v.check == "exact" for o, v in candidates.items()
-                   if v.check in ("exact", "repaired")}
+        support = _support(candidates)
+        sampled = None if sampled_repair is None else {
+            o: _completion_side(completion, theirs_c, dc, o, sampled_repair) for o in OFFSETS}
         f = self.form(provider, form)
         settled = f.offset is not None
         hold = False
         unexplained = self.unexplained.setdefault(provider, deque(maxlen=WINDOW))
-        unexplained.append(not support)
+        explained = bool(support or (sampled is not None and _support(sampled)))
+        unexplained.append(not explained)
         if self.unusable(provider):
             verdict = Verdict("unverified", f"{provider}'s completion counts are unusable "
                                             f"(ours {completion}, provider {theirs_c})",
                               unvouched=True)
-        elif not support:
+        elif not explained:
             verdict = Verdict("mismatch", f"completion: ours {completion}, provider "
                                           f"{theirs_c} (no counting offset within "
                                           f"±{MAX_OFFSET} and no repair explains it)")
         else:
-            f.add(support)
+            f.add(support, None if sampled is None else _support(sampled))
             self._evaluate(provider, form)
+            judged = sampled if sampled is not None and f.forms else candidates
             if f.split:
                 verdict = _split_verdict(provider, form)
-            elif f.offset is not None and candidates[f.offset].check != "mismatch":
-                verdict = candidates[f.offset]
+            elif f.offset is not None and judged[f.offset].check != "mismatch":
+                verdict = judged[f.offset]
             else:
                 hold = True  # learning, or another offset than the adopted one explains it
                 verdict = Verdict("pending")
@@ -161,7 +167,7 @@ class CountWitness:
                      completion_delta=dc, shape=shape)
         if hold:
             self.open[key if key is not None else object()] = _Open(
-                provider, form, candidates, p_check, theirs_c, dc)
+                provider, form, candidates, p_check, theirs_c, dc, sampled)
         elif p_check == "pending" and verdict.unvouched and key is not None:
             # final, unvouched, its prompt side waits: said so when both are final
             self.decided[key] = (Verdict(c_check, verdict.detail, unvouched=True), True)
@@ -216,7 +222,7 @@ class CountWitness:
             if f.split:
                 v, unvouched = _split_verdict(provider, form), True
             else:
-                v, unvouched = o.candidates[f.offset], False
+                v, unvouched = o.at(f.offset, f.forms), False
                 if v.check == "mismatch" and not final:
                     continue  # the evidence may still turn: judged when it is final
             del self.open[key]
@@ -270,14 +276,23 @@ class CountWitness:
         return self.take_resolved()
 
     def seed(self, provider: str, prompt_delta: int | None, completion_delta: int,
-             form: str = "plain") -> None:
+             form: str = "plain", sampled: str = "canonical") -> None:
         """An earlier session's sample its counts vouched for (exact or repaired): its
         completion delta (after its repair) is evidence of its form's offset, so a resumed
-        run does not learn it again."""
+        run does not learn it again. One stored in a `sampled` form (not "canonical") is
+        evidence for the sampled-forms table; the plain one saw its canonical form, as many
+        ids longer as the form's names drop markers (one each)."""
         del prompt_delta  # the prompt side records; it learns per request shape (seed_shape)
-        if abs(completion_delta) <= MAX_OFFSET:
-            self.form(provider, form).add({completion_delta: True})
-            self._evaluate(provider, form)
+        if abs(completion_delta) > MAX_OFFSET:
+            return
+        f = self.form(provider, form)
+        if sampled == "canonical":
+            f.add({completion_delta: True})
+        else:
+            plain = completion_delta - len(sampled.split("+"))
+            f.add({plain: True} if abs(plain) <= MAX_OFFSET else {},
+                  {completion_delta: True})
+        self._evaluate(provider, form)
 
     def learn_offset(self, provider: str, offset: int, form: str = "plain") -> None:
         """A form's completion offset measured beforehand (`specgen probe`): known at once,
@@ -367,6 +382,12 @@ class _Open:
     prompt_check: str
     theirs: int  # the provider's completion count
     delta: int  # provider − ours (before any repair)
+    sampled: dict[int, Verdict] | None = None  # with the sampled forms (None: the same)
+
+    def at(self, offset: int, forms: bool) -> Verdict:
+        """Its verdict at the form's adopted offset, with the sampled forms if adopted so."""
+        return (self.sampled if forms and self.sampled is not None
+                else self.candidates)[offset]
 
 
 @dataclass(slots=True)
@@ -381,6 +402,19 @@ class Resolution:
     completion_check: str
     completion: Verdict | None = None
     unvouched: bool = False
+
+
+def _support(candidates: dict[int, Verdict]) -> dict[int, bool]:
+    """The offsets an answer is right at ({offset: right there as answered})."""
+    return {o: _as_answered(v) for o, v in candidates.items()
+            if v.check in ("exact", "repaired")}
+
+
+def _as_answered(v: Verdict) -> bool:
+    """Right as the provider answered it: exact, or one of the forms the model may have
+    sampled for the unchanged text (`sampled_form:*` alone: no transformation undone)."""
+    return v.check == "exact" or bool(v.repairs) and all(
+        r.startswith(SAMPLED_FORM + ":") for r in v.repairs)
 
 
 def _split_verdict(provider: str, form: str) -> Verdict:
@@ -398,6 +432,11 @@ def _completion_side(completion: int, theirs: int, dc: int, offset: int,
     if fixed is None:
         return Verdict("mismatch", f"completion: ours {completion}, provider {theirs} "
                                    f"(expected offset {offset:+d})")
+    if isinstance(fixed, Ambiguous):
+        ways = " / ".join("+".join(n) or "as answered" for n in fixed.names)
+        return Verdict("mismatch", f"completion: ours {completion}, provider {theirs} "
+                                   f"(expected offset {offset:+d}: {len(fixed.names)} "
+                                   f"repairs fit, {ways}; the count cannot tell which)")
     message, ids, names = fixed
     return Verdict("repaired", f"completion: ours {completion} -> {len(ids)} after "
                                f"{'+'.join(names)}, provider {theirs}", names, message, ids,

@@ -12,14 +12,22 @@ for the sample is the quality stage's call (`answer.quality`).
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections import Counter
 
 from ...conversation import REASONING_KEYS
 from ...display import UNKNOWN_PROVIDER
 from ...quality.forms import MAX_OFFSET, answer_form
+from ...quality.repairs import (
+    SAMPLED_FORM,
+    Ambiguous,
+    count_repair,
+    dedup_repair,
+    form_repair,
+    prompt_repair,
+)
 from ...quality.repairs import candidates as repair_candidates
-from ...quality.repairs import count_repair, dedup_repair, prompt_repair
 from ...quality.shapes import FLOOR_SLACK_PER_MESSAGE, shape_signature
 from ...quality.witness import Verdict
 from ...render.serving import history_as_served, may_be_served_differently, reserialized_history
@@ -59,15 +67,22 @@ def check(a: Answer, ctx: AnswerContext) -> Outcome | None:
 
 def _token_in(a: Answer) -> None:
     """Exact by construction: the prompt was ours, the ids are the server's. The re-render
-    of the parsed message is what the next turn's history holds; a difference is flagged."""
+    of the parsed message is what the next turn's history holds; a difference is flagged,
+    unless the ids are another form the model may have sampled (named `sampled_form:*`)."""
     job = a.job
     a.resp.prompt_token_ids = list(job.prompt_ids)
     a.resp.completion_token_ids = a.completion
     a.verdict = Verdict("true_ids", "token-in")
     a.count_check = "true_ids"
-    if not a.truncated and job.renderer.completion_ids(
-            a.message, context=job.messages, tools=job.tools) != a.completion:
+    if a.truncated:
+        return
+    forms = job.renderer.completion_variant_ids(a.message, context=job.messages,
+                                                tools=job.tools)
+    form = next((name for name, ids in forms.items() if ids == list(a.completion)), None)
+    if form is None:
         a.repairs.append("flag:rerender_differs")
+    elif form != "canonical":  # sampled in another form (no section end, ...): verify
+        a.repairs.append(f"{SAMPLED_FORM}:{form}")  # re-renders it in that form
 
 
 def judge(a: Answer, ctx: AnswerContext) -> Verdict:
@@ -77,9 +92,13 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
     job, resp, message = a.job, a.resp, a.message
     key = resp.provider or resp.base_url or UNKNOWN_PROVIDER
     reasoning_witness = _reasoning_witness(ctx, key, job)
-    repair = None
+    repair = sampled = None
     restyled = repair_candidates(message)
-    if a.truncated or not (restyled or resp.duplicates):
+    # the forms the model may have sampled besides the canonical one (a tool-call answer
+    # without the section end, ...): a count-guided repair like a re-serialisation
+    forms = not a.truncated and message is not None and len(job.renderer.completion_variants(
+        message, context=job.messages, tools=job.tools)) > 1
+    if a.truncated or not (restyled or resp.duplicates or forms):
         # nothing a provider could have transformed (or a cut answer): a plain answer
         if a.truncated:
             return Verdict("unverified", "cut at max_tokens: counts not judged")
@@ -105,6 +124,22 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
             if fits and all(f[1] == fits[0][1] for f in fits):
                 return fits[0]  # one result, however it is reached
             return None  # none, or two that fit with other ids: ambiguous
+
+        if forms:
+            variants = functools.cache(lambda m: job.renderer.completion_variant_ids(
+                m, context=job.messages, tools=job.tools))
+
+            def sampled(target: int):
+                """`repair` joined with the forms the model may have sampled."""
+                fits = [fix for fix in (
+                    form_repair(message, target, variants),
+                    dedup_repair(resp, target, rebuild, reasoning_witness) if resp.duplicates
+                    else None)
+                    if fix is not None]
+                if any(isinstance(f, Ambiguous) for f in fits) or len(
+                        {tuple(f[1]) for f in fits}) != 1:
+                    return None  # none, or two that fit with other ids: ambiguous
+                return fits[0]
     prompt_fix = None
     chosen: list = []
     candidates = served_candidates(job)
@@ -121,7 +156,7 @@ def judge(a: Answer, ctx: AnswerContext) -> Verdict:
     system = any(m.get("role") == "system" for m in messages)
     verdict = ctx.witness.judge(
         key, prompt=len(job.prompt_ids), completion=len(a.completion),
-        usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix,
+        usage=resp.usage or {}, repair=repair, prompt_repair=prompt_fix, sampled_repair=sampled,
         shape=shape_signature(job.tools, job.messages, thinking), tools=bool(job.tools),
         key=job.task_id, form=answer_form(message),
         history=any(m.get("role") in ("assistant", "tool") for m in messages),
