@@ -130,8 +130,12 @@ def test_raw_mode_true_id_mismatches_are_measured(runs, tmp_path):
     d = runs["dir"]
     (d / "sim-raw.toml").write_text('text_mode = "raw"\nraw_rate = 0.5\n' + SIM)
     cfg = d / "raw.toml"
+    # the count witness off: this measures verify against the server's ids, and a witness
+    # repair at an offset the session later loses can still change a sample's text (a known
+    # defect, docs/quality.md) — not what this test is about
     cfg.write_text(CONFIG.format(run_dir="raw").replace('config = "sim.toml"',
                                                         'config = "sim-raw.toml"')
+                   .replace("[sim]\n", "[quality]\ncount_witness = false\n[sim]\n")
                    # answers cut at max_tokens and kept: stored without a stop token
                    + '[[dataset]]\nname = "cut"\npath = "single.jsonl"\nmax_tokens = 12\n'
                      'on_length = "keep"\n')
