@@ -23,15 +23,17 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from conftest import model_path
 from official_kimi import OfficialKimi
 from specgen.engine.status import run_status
 from specgen.export import ExportOptions, export_run
 from specgen.store import Store
 from test_engine_sim import go
-from test_engine_support import write_config, write_jsonl
+from test_engine_support import write_jsonl
 from test_witness_providers import Handler as JsonHandler
-from test_witness_providers import official  # noqa: F401 - the fixture
+from test_witness_providers import (
+    kimi_config,
+    official,  # noqa: F401 - the fixture
+)
 
 
 @pytest.fixture(scope="module")
@@ -178,15 +180,12 @@ def run(tmp_path, kimi, mode: str, rows: list[dict], reasoning: bool,
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         write_jsonl(tmp_path / "d.jsonl", rows)
-        path = write_config(
-            tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1",
+        path = kimi_config(
+            tmp_path, server,
             [{"name": "d", "path": "d.jsonl", "format": "openai"}],
             endpoint="stream = false\nfetch_endpoints = false\nreturn_token_ids = false\n"
                      "concurrency = 4\nmax_attempts = 2",
             sampling=f"max_tokens = 512\nreasoning = {str(reasoning).lower()}", extra=quality)
-        text = path.read_text().replace('tokenizer = "demo"',
-                                        f'tokenizer = "{model_path("kimi-k2.5")}"')
-        path.write_text(text)
         cfg, outcome = go(path)
     finally:
         server.shutdown()

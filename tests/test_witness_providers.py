@@ -123,6 +123,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def kimi_config(tmp_path, server, datasets: list[dict], **kw) -> object:
+    """`write_config` for a run against `server` with the real K2.5 tokenizer."""
+    path = write_config(tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1", datasets,
+                        **kw)
+    path.write_text(path.read_text().replace('tokenizer = "demo"',
+                                             f'tokenizer = "{model_path("kimi-k2.5")}"'))
+    return path
+
+
 def rows(n: int) -> list[dict]:
     out = []
     for i in range(n):
@@ -139,14 +148,11 @@ def test_a_real_answer_is_kept_whatever_the_providers_rendering(tmp_path, offici
     thread.start()
     try:
         write_jsonl(tmp_path / "calc.jsonl", rows(9))
-        path = write_config(
-            tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1",
+        path = kimi_config(
+            tmp_path, server,
             [{"name": "calc", "path": "calc.jsonl", "format": "openai"}],
             endpoint="stream = false\nfetch_endpoints = false\nreturn_token_ids = false",
             sampling="max_tokens = 512\nreasoning = false")
-        text = path.read_text().replace('tokenizer = "demo"',
-                                        f'tokenizer = "{model_path("kimi-k2.5")}"')
-        path.write_text(text)
         cfg, outcome = go(path)
     finally:
         server.shutdown()
@@ -220,15 +226,12 @@ def run_many(tmp_path, official, name: str, order: list[dict], concurrency: int)
     thread.start()
     try:
         write_jsonl(tmp_path / f"{name}.jsonl", order)
-        path = write_config(
-            tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1",
+        path = kimi_config(
+            tmp_path, server,
             [{"name": "calc", "path": f"{name}.jsonl", "format": "openai"}], name=name,
             endpoint="stream = false\nfetch_endpoints = false\nreturn_token_ids = false\n"
                      f"concurrency = {concurrency}",
             sampling="max_tokens = 512\nreasoning = false")
-        text = path.read_text().replace('tokenizer = "demo"',
-                                        f'tokenizer = "{model_path("kimi-k2.5")}"')
-        path.write_text(text)
         done = run_cli(path, timeout=300)  # a real `specgen run` process
     finally:
         server.shutdown()

@@ -25,9 +25,12 @@ from official_kimi import OfficialKimi
 from specgen.store import Store
 from specgen.verify import verify_run
 from test_engine_sim import go
-from test_engine_support import write_config, write_jsonl
+from test_engine_support import write_jsonl
 from test_witness_agents import Handler as AgentHandler
-from test_witness_providers import official  # noqa: F401 - the fixture
+from test_witness_providers import (
+    kimi_config,
+    official,  # noqa: F401 - the fixture
+)
 
 SECTION_END = "<|tool_calls_section_end|>"
 LOOKUP = {"type": "function", "function": {
@@ -119,15 +122,12 @@ def run(tmp_path, kimi, mode: str, n: int, reasoning: bool):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         write_jsonl(tmp_path / "d.jsonl", rows(n))
-        path = write_config(
-            tmp_path, f"http://127.0.0.1:{server.server_address[1]}/v1",
+        path = kimi_config(
+            tmp_path, server,
             [{"name": "d", "path": "d.jsonl", "format": "openai"}],
             endpoint="stream = false\nfetch_endpoints = false\nreturn_token_ids = false\n"
                      "concurrency = 4\nmax_attempts = 2",
             sampling=f"max_tokens = 512\nreasoning = {str(reasoning).lower()}")
-        text = path.read_text().replace('tokenizer = "demo"',
-                                        f'tokenizer = "{model_path("kimi-k2.5")}"')
-        path.write_text(text)
         cfg, outcome = go(path)
     finally:
         server.shutdown()
